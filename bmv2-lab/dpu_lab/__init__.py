@@ -1,0 +1,1 @@
+"""Emulation lab: namespaces, software switches, traffic and measurement for dpu-limiter."""

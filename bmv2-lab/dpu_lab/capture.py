@@ -1,0 +1,254 @@
+"""Receiver-side wire-byte measurement on one interface, run inside a network namespace.
+
+``ip netns exec NS python -m dpu_lab.capture --iface IF --duration S --out F [--linger 1.0]``
+
+An AF_PACKET socket bound to the interface sees every incoming frame. Each IPv4 frame adds
+its wire length (the frame as received, Ethernet header included, no FCS, preamble or gap) to
+a 1 ms bin of its IPv4 source address; everything else is counted under ``"non-ipv4"``.
+These are the receiver-side figures the compliance check uses, independent of any DPU's own
+counters.
+
+Wire length of offloaded segments: a veth (or a TSO-capable NIC) can deliver a GSO
+super-packet of up to 64 KiB that stands for many wire frames. The socket asks for a
+virtio-net header with each frame (PACKET_VNET_HDR) and counts such a packet as the frames it
+will be split into: ``ceil(payload / gso_size)`` copies of the headers plus the payload.
+
+Timestamps: each frame's kernel receive time (SO_TIMESTAMPNS, nanosecond resolution, taken
+when the stack receives it, so independent of how late this process reads it). If the kernel
+attaches none, ``time.time()`` at read is used instead; its error is the read backlog, which
+is why the socket has a receive buffer of several MB. Either way a 1 ms bin is coarser than
+the timestamp error under normal load. ``kernel_drops`` in the output reports frames the
+kernel dropped because this reader fell behind; a non-zero value means the counts are low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dpu_lab.traffic import Timeline, receive_deadline, write_json
+
+CAPTURE_BIN_S = 0.001
+NON_IPV4 = "non-ipv4"
+RCVBUF_BYTES = 8 << 20
+
+# Linux constants the socket module does not export (include/uapi/linux/if_packet.h,
+# asm-generic/socket.h). SO_TIMESTAMPNS is the 64-bit-time "old" value on 64-bit hosts.
+ETH_P_ALL = 0x0003
+ETH_P_IP = 0x0800
+SOL_PACKET = 263
+PACKET_STATISTICS = 6
+PACKET_VNET_HDR = 15
+PACKET_IGNORE_OUTGOING = 23
+SO_TIMESTAMPNS = 35
+PACKET_OUTGOING = 4
+
+# struct virtio_net_hdr: flags, gso_type, hdr_len, gso_size, csum_start, csum_offset.
+_VNET_HDR = struct.Struct("=BBHHHH")
+_VNET_F_NEEDS_CSUM = 1
+_GSO_NONE = 0
+_GSO_ECN = 0x80
+_GSO_TCPV4 = 1
+_GSO_TCPV6 = 4
+_TIMESPEC = struct.Struct("=qq")
+_TPACKET_STATS = struct.Struct("=II")
+_ETH_HLEN = 14
+# virtio-net header + Ethernet + the longest IPv4 header + the longest TCP header.
+_HEADER_BYTES = _VNET_HDR.size + _ETH_HLEN + 60 + 60
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass
+class SourceBins:
+    """Dense 1 ms bins of one source, starting ``first_bin`` bins after the capture's t0."""
+
+    first_bin: int
+    bins: list[int]
+
+
+@dataclass
+class Capture:
+    """A capture file: wire bytes per IPv4 source (or ``"non-ipv4"``) in bins from ``t0``."""
+
+    iface: str
+    bin_s: float
+    t0: float
+    by_src: dict[str, SourceBins]
+    kernel_drops: int = 0
+    timestamps: str = "kernel"
+
+    def series(self, src: str) -> tuple[float, float, list[int]]:
+        """Return ``(t0, bin_s, bins)`` of one source, the form ``measure`` functions take."""
+        entry = self.by_src.get(src)
+        if entry is None:
+            return self.t0, self.bin_s, []
+        return self.t0 + entry.first_bin * self.bin_s, self.bin_s, entry.bins
+
+    def total_bytes(self, src: str) -> int:
+        """Return all wire bytes captured from ``src``."""
+        entry = self.by_src.get(src)
+        return sum(entry.bins) if entry is not None else 0
+
+
+def load_capture(path: Path) -> Capture:
+    """Read a capture JSON file written by this module."""
+    data = json.loads(Path(path).read_text())
+    return Capture(
+        iface=data["iface"],
+        bin_s=float(data["bin_s"]),
+        t0=float(data["t0"]),
+        by_src={src: SourceBins(int(e["first_bin"]), [int(b) for b in e["bins"]]) for src, e in data["by_src"].items()},
+        kernel_drops=int(data.get("kernel_drops", 0)),
+        timestamps=str(data.get("timestamps", "kernel")),
+    )
+
+
+def frame_wire_bytes(vnet: Buffer, frame: Buffer, frame_len: int | None = None) -> int:
+    """Return the wire bytes of a frame, expanding a GSO super-packet into its segments.
+
+    ``frame`` may be just the start of the frame when ``frame_len`` gives its full length.
+    """
+    length = len(frame) if frame_len is None else frame_len
+    flags, gso_type, hdr_len, gso_size, csum_start, _ = (int(v) for v in _VNET_HDR.unpack_from(vnet))
+    gso_type &= ~_GSO_ECN
+    if gso_type == _GSO_NONE or gso_size == 0:
+        return length
+    if flags & _VNET_F_NEEDS_CSUM and csum_start + 13 <= len(frame):
+        # csum_start is the offset of the L4 header from the start of the frame.
+        l4 = csum_start
+        l4_len = (frame[l4 + 12] >> 4) * 4 if gso_type in (_GSO_TCPV4, _GSO_TCPV6) else 8
+        headers = l4 + l4_len
+    else:
+        headers = hdr_len
+    segments = max(1, math.ceil((length - headers) / gso_size))
+    return length + (segments - 1) * headers
+
+
+def source_key(frame: Buffer) -> str:
+    """Return the IPv4 source address of an Ethernet frame, or ``"non-ipv4"``."""
+    if len(frame) >= _ETH_HLEN + 20 and frame[12] == ETH_P_IP >> 8 and frame[13] == ETH_P_IP & 0xFF:
+        return socket.inet_ntoa(bytes(frame[26:30]))
+    return NON_IPV4
+
+
+def open_socket(iface: str) -> socket.socket:
+    """Open an AF_PACKET socket on ``iface`` that reads incoming frames with metadata."""
+    # Protocol 0 receives nothing until bind(), so no frame of another interface or without
+    # the options below can slip in first.
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+    # Kernels before 4.20 lack the option; outgoing frames are still skipped by pkttype.
+    with contextlib.suppress(OSError):
+        sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    sock.bind((iface, ETH_P_ALL))  # the socket module applies htons() to bind addresses
+    return sock
+
+
+def _kernel_drops(sock: socket.socket) -> int:
+    """Return frames the kernel dropped for this socket since it opened."""
+    _, drops = _TPACKET_STATS.unpack(sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, _TPACKET_STATS.size))
+    return int(drops)
+
+
+_stop_requested = False
+
+
+def _request_stop(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT end the capture early; what was counted is still written."""
+    global _stop_requested
+    _stop_requested = True
+
+
+def capture(iface: str, deadline: float) -> Capture:
+    """Count incoming wire bytes per source on ``iface`` until monotonic ``deadline`` (or SIGTERM)."""
+    started = time.time()
+    # Only headers are read: MSG_TRUNC makes recvmsg return the full frame length anyway,
+    # and skipping the copy of up to 64 KiB per GSO packet keeps up with higher rates.
+    buf = bytearray(_HEADER_BYTES)
+    view = memoryview(buf)
+    ancillary = socket.CMSG_SPACE(_TIMESPEC.size)
+    timelines: dict[str, Timeline] = {}
+    kernel_stamps = True
+    with open_socket(iface) as sock:
+        while (remaining := deadline - time.monotonic()) > 0 and not _stop_requested:
+            sock.settimeout(min(remaining, 0.1))
+            try:
+                n, ancdata, _, addr = sock.recvmsg_into([buf], ancillary, socket.MSG_TRUNC)
+            except TimeoutError:
+                continue
+            if addr[2] == PACKET_OUTGOING or n < _VNET_HDR.size:
+                continue
+            stamp = _timestamp(ancdata)
+            if stamp is None:
+                kernel_stamps = False
+                stamp = time.time()
+            frame = view[_VNET_HDR.size : min(n, len(buf))]
+            wire = frame_wire_bytes(view, frame, n - _VNET_HDR.size)
+            timelines.setdefault(source_key(frame), Timeline(CAPTURE_BIN_S)).add(stamp, wire)
+        drops = _kernel_drops(sock)
+    return _to_capture(iface, started, timelines, drops, "kernel" if kernel_stamps else "user")
+
+
+def _timestamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
+    """Return the kernel receive time from recvmsg ancillary data, if present."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            if sec or nsec:
+                return int(sec) + int(nsec) * 1e-9
+    return None
+
+
+def _to_capture(iface: str, started: float, timelines: dict[str, Timeline], drops: int, stamps: str) -> Capture:
+    """Put per-source timelines on one grid whose bin 0 is the earliest non-empty bin."""
+    firsts = [tl.first_index for tl in timelines.values() if tl.first_index is not None]
+    base = min(firsts) if firsts else math.floor(started / CAPTURE_BIN_S)
+    by_src = {
+        key: SourceBins(tl.first_index - base, tl.bins) for key, tl in timelines.items() if tl.first_index is not None
+    }
+    return Capture(iface, CAPTURE_BIN_S, base * CAPTURE_BIN_S, by_src, drops, stamps)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the command-line parser."""
+    parser = argparse.ArgumentParser(prog="python -m dpu_lab.capture", description=__doc__.splitlines()[0])
+    parser.add_argument("--iface", required=True, help="interface to capture incoming frames on")
+    parser.add_argument("--duration", type=float, required=True, help="seconds to capture")
+    parser.add_argument("--out", type=Path, required=True, help="JSON result file to write")
+    parser.add_argument("--linger", type=float, default=1.0, help="extra seconds for late packets (default 1.0)")
+    parser.add_argument(
+        "--start-at", type=float, help="UNIX time the traffic starts; capture runs until then + duration"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.duration > 0 or not args.linger >= 0:
+        parser.error("--duration must be > 0 and --linger >= 0")
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)
+    result = capture(args.iface, receive_deadline(args.start_at, args.duration, args.linger))
+    write_json(args.out, asdict(result))
+    if result.kernel_drops:
+        print(f"capture on {args.iface}: kernel dropped {result.kernel_drops} frames", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Topology and scenario files (YAML): models, loading, and errors that name the field and value."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from dpu_limiter.models import NAME_RE
+from dpu_limiter.units import UnitError, parse_rate
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A topology or scenario file is invalid; the message names the file, field and value."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _name(v: str) -> str:
+    if not NAME_RE.match(v) or len(v) > 12:
+        raise ValueError("must be 1-12 lowercase letters, digits, '.', '_' or '-'")
+    return v
+
+
+class PodSpec(_Model):
+    """A pod: its subnet, its hosts, and where its limiter sits."""
+
+    name: str
+    subnet: str
+    hosts: list[str] = Field(min_length=1, max_length=200)
+    placement: Literal["pod-uplink"] = "pod-uplink"
+
+    _check_name = field_validator("name")(_name)
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str) -> str:
+        net = ipaddress.IPv4Network(v, strict=True)
+        if net.prefixlen > 29:
+            raise ValueError("needs room for hosts and a gateway: prefix length <= 29")
+        return str(net)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for h in v:
+            _name(h)
+        if len(set(v)) != len(v):
+            raise ValueError("host names must be unique")
+        return v
+
+    @property
+    def gateway(self) -> str:
+        """The router's address in this pod's subnet (the last usable one)."""
+        net = ipaddress.IPv4Network(self.subnet)
+        return str(net.broadcast_address - 1)
+
+    def host_address(self, index: int) -> str:
+        """Address of the pod's `index`-th host (first usable addresses)."""
+        net = ipaddress.IPv4Network(self.subnet)
+        return str(net.network_address + 1 + index)
+
+
+class Topology(_Model):
+    """Pods behind limiting devices, joined by one router."""
+
+    name: str
+    pods: list[PodSpec] = Field(min_length=1, max_length=16)
+    router: str = "r1"
+
+    @model_validator(mode="after")
+    def _unique(self) -> Topology:
+        names = [p.name for p in self.pods]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pod names must be unique: {names}")
+        hosts = [h for p in self.pods for h in p.hosts]
+        if len(set(hosts)) != len(hosts):
+            raise ValueError("host names must be unique across pods")
+        nets = [ipaddress.IPv4Network(p.subnet) for p in self.pods]
+        for i, a in enumerate(nets):
+            for b in nets[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"pod subnets overlap: {a} and {b}")
+        return self
+
+    def pod(self, name: str) -> PodSpec:
+        """The pod named `name`."""
+        return next(p for p in self.pods if p.name == name)
+
+    def pod_of_host(self, host: str) -> PodSpec:
+        """The pod a host belongs to."""
+        return next(p for p in self.pods if host in p.hosts)
+
+    def address_of(self, host: str) -> str:
+        """A host's IPv4 address."""
+        pod = self.pod_of_host(host)
+        return pod.host_address(pod.hosts.index(host))
+
+
+class CapSpec(_Model):
+    """A pod's cap as the scenario sets it (rates accept 20M, 1G, ...)."""
+
+    pod: str
+    egress: float
+    ingress: float
+    window_s: float = Field(gt=0, le=86_400)
+    burst_bytes: int = Field(default=0, ge=0, le=(1 << 32) - 1)
+
+    @field_validator("egress", "ingress", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> float:
+        try:
+            return parse_rate(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class FlowSpec(_Model):
+    """One traffic flow between two hosts."""
+
+    name: str
+    protocol: Literal["udp", "tcp"]
+    src: str
+    dst: str
+    rate: float | None = None  # UDP offered rate, bit/s (wire bytes)
+    size: int = Field(default=1400, ge=18, le=1472)
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> float | None:
+        if v is None:
+            return None
+        try:
+            return parse_rate(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _udp_rate(self) -> FlowSpec:
+        if self.protocol == "udp" and self.rate is None:
+            raise ValueError(f"flow {self.name!r}: a UDP flow needs a rate")
+        if self.protocol == "tcp" and self.rate is not None:
+            raise ValueError(f"flow {self.name!r}: a TCP flow is bulk; remove rate")
+        return self
+
+
+class PhaseSpec(_Model):
+    """A stretch of time with its own flows."""
+
+    name: str
+    duration_s: float = Field(gt=0, le=3600)
+    flows: list[FlowSpec] = Field(min_length=1)
+
+
+class Scenario(_Model):
+    """A topology, caps on its pods, and phases of traffic."""
+
+    name: str
+    topology: Topology
+    caps: list[CapSpec]
+    phases: list[PhaseSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _refs(self) -> Scenario:
+        pods = {p.name for p in self.topology.pods}
+        hosts = {h for p in self.topology.pods for h in p.hosts}
+        for i, c in enumerate(self.caps):
+            if c.pod not in pods:
+                raise ValueError(f"caps[{i}].pod: unknown pod {c.pod!r} (pods: {sorted(pods)})")
+        names = set()
+        for pi, ph in enumerate(self.phases):
+            for fi, f in enumerate(ph.flows):
+                for end in ("src", "dst"):
+                    if getattr(f, end) not in hosts:
+                        raise ValueError(f"phases[{pi}].flows[{fi}].{end}: unknown host {getattr(f, end)!r}")
+                if f.name in names:
+                    raise ValueError(f"phases[{pi}].flows[{fi}].name: duplicate flow name {f.name!r}")
+                names.add(f.name)
+        return self
+
+    def cap_of(self, pod: str) -> CapSpec | None:
+        """The cap set on `pod`, if any."""
+        return next((c for c in self.caps if c.pod == pod), None)
+
+
+def _format_error(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid scenario"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        value = err.get("input")
+        shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+        lines.append(f"  {loc}: {err['msg']} (got {shown})")
+    return "\n".join(lines)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Load a scenario file; `topology:` may be inline or a path relative to the file."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: a scenario must be a mapping at the top level")
+    topo = doc.get("topology")
+    if isinstance(topo, str):
+        tpath = (path.parent / topo).resolve()
+        try:
+            doc["topology"] = yaml.safe_load(tpath.read_text())
+        except OSError as exc:
+            raise ConfigError(f"{path}: topology: cannot read {tpath}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{tpath}: not valid YAML: {exc}") from None
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(path, exc)) from None

@@ -1,0 +1,182 @@
+"""Building the lab network from a topology: namespaces, veth pairs, a bridge per pod, a router.
+
+Layout for a pod P (index i) with a pod-uplink limiter:
+
+    host ns (eth0) --veth-- pod ns (bridge) --veth-- [root ns: d<id>p<i>h] limiter [d<id>p<i>u] --veth-- router ns
+
+The limiter's two interfaces stay in the root namespace, where its process (embedded target or
+simple_switch_grpc) opens raw sockets on them and serves P4Runtime on loopback. Every name this
+module creates is recorded, and `teardown` removes exactly those, also after errors.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from .config import Topology
+
+LOG = logging.getLogger(__name__)
+
+
+class NetError(RuntimeError):
+    """A network setup command failed; the message has the command and its error."""
+
+
+def ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `ip ARGS` (inside `ns` when given)."""
+    cmd = ["ip", "-n", ns, *args] if ns else ["ip", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise NetError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+    return res
+
+
+def in_ns(ns: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command inside a namespace."""
+    full = ["ip", "netns", "exec", ns, *cmd]
+    res = subprocess.run(full, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise NetError(f"{' '.join(full)}: {res.stderr.strip()}")
+    return res
+
+
+def check_prerequisites() -> None:
+    """Root and iproute2 are needed to build namespaces."""
+    if os.geteuid() != 0:
+        raise NetError("the lab builds network namespaces and needs root (run it as root)")
+    if shutil.which("ip") is None:
+        raise NetError("the lab needs the 'ip' command (Debian package iproute2)")
+
+
+@dataclass
+class LimiterPorts:
+    """The root-namespace interfaces of one limiter: host-facing port 0 and uplink port 1."""
+
+    name: str
+    pod: str
+    host_if: str
+    uplink_if: str
+
+
+@dataclass
+class LabNetwork:
+    """The built network: namespaces per host, per pod and for the router, and each limiter's ports."""
+
+    topology: Topology
+    run_id: str = field(default_factory=lambda: secrets.token_hex(2))
+    namespaces: list[str] = field(default_factory=list)
+    root_links: list[str] = field(default_factory=list)
+    host_ns: dict[str, str] = field(default_factory=dict)
+    limiters: list[LimiterPorts] = field(default_factory=list)
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of every name this run creates."""
+        return f"dl{self.run_id}"
+
+    def _netns(self, suffix: str) -> str:
+        name = f"{self.prefix}-{suffix}"
+        ip("netns", "add", name)
+        self.namespaces.append(name)
+        ip("link", "set", "lo", "up", ns=name)
+        _quiet_ipv6(name)
+        return name
+
+    def _veth(self, a: str, b: str) -> None:
+        ip("link", "add", a, "type", "veth", "peer", "name", b)
+        self.root_links.append(a)
+
+    def build(self) -> None:
+        """Create everything; on failure, remove what was made and re-raise."""
+        try:
+            self._build()
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _build(self) -> None:
+        p = self.prefix
+        router = self._netns("r")
+        in_ns(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        hosts_seen = 0
+        for i, pod in enumerate(self.topology.pods):
+            pod_ns = self._netns(f"p{i}")
+            ip("link", "add", "br0", "type", "bridge", ns=pod_ns)
+            ip("link", "set", "br0", "up", ns=pod_ns)
+            plen = ipaddress.IPv4Network(pod.subnet).prefixlen
+            for j, host in enumerate(pod.hosts):
+                hns = self._netns(f"h{hosts_seen}")
+                self.host_ns[host] = hns
+                a, b = f"{p}h{hosts_seen}", f"{p}h{hosts_seen}b"
+                self._veth(a, b)
+                ip("link", "set", a, "netns", hns)
+                self.root_links.remove(a)
+                ip("link", "set", a, "name", "eth0", ns=hns)
+                ip("addr", "add", f"{pod.host_address(j)}/{plen}", "dev", "eth0", ns=hns)
+                ip("link", "set", "eth0", "up", ns=hns)
+                ip("route", "add", "default", "via", pod.gateway, ns=hns)
+                ip("link", "set", b, "netns", pod_ns)
+                ip("link", "set", b, "master", "br0", "up", ns=pod_ns)
+                _offloads_off(hns, ["eth0"])
+                hosts_seen += 1
+            # Limiter ports in the root namespace; peers in the pod's bridge and in the router.
+            host_if, host_peer = f"{p}p{i}h", f"{p}p{i}hb"
+            up_if, up_peer = f"{p}p{i}u", f"{p}p{i}ur"
+            self._veth(host_if, host_peer)
+            self._veth(up_if, up_peer)
+            ip("link", "set", host_peer, "netns", pod_ns)
+            ip("link", "set", host_peer, "master", "br0", "up", ns=pod_ns)
+            ip("link", "set", up_peer, "netns", router)
+            ip("addr", "add", f"{pod.gateway}/{plen}", "dev", up_peer, ns=router)
+            ip("link", "set", up_peer, "up", ns=router)
+            _offloads_off(router, [up_peer])
+            for ifname in (host_if, up_if):
+                _sysctl_root(f"net/ipv6/conf/{ifname}/disable_ipv6", "1")
+                ip("link", "set", ifname, "up")
+            _offloads_off(None, [host_if, up_if])
+            self.limiters.append(LimiterPorts(name=f"dpu-{pod.name}", pod=pod.name, host_if=host_if, uplink_if=up_if))
+
+    def teardown(self) -> None:
+        """Remove every namespace and root-namespace link this run created."""
+        for link in self.root_links:
+            ip("link", "del", link, check=False)
+        self.root_links.clear()
+        for ns in reversed(self.namespaces):
+            res = ip("netns", "del", ns, check=False)
+            if res.returncode != 0 and "No such file" not in res.stderr:
+                LOG.warning("could not remove namespace %s: %s", ns, res.stderr.strip())
+        self.namespaces.clear()
+
+
+def _sysctl_root(key: str, value: str) -> None:
+    with open(f"/proc/sys/{key}", "w") as f:
+        f.write(value)
+
+
+def _quiet_ipv6(ns: str) -> None:
+    # No IPv6 autoconfiguration chatter: the limiter meters it (fail closed), but it would
+    # muddy the lab's byte counts.
+    in_ns(ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", check=False)
+    in_ns(ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", check=False)
+
+
+def _offloads_off(ns: str | None, ifnames: list[str]) -> None:
+    """Turn off checksum and segmentation offloads, as bmv2 labs do with ethtool.
+
+    A software switch reading frames from a raw socket would otherwise see unfinished checksums
+    and 64 KB super-frames that it cannot send on.
+    """
+    cmd = [sys.executable, "-m", "dpu_lab.offload", *ifnames]
+    if ns is None:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    else:
+        res = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise NetError(f"disabling offloads on {ifnames} in {ns or 'root namespace'}: {res.stderr.strip()}")

@@ -1,0 +1,214 @@
+"""A lab run's outputs: ``report.json``, ``throughput.png`` and ``summary.md``.
+
+Rates are bit/s in JSON and Mbit/s in human-readable text. The plotting series are passed to
+``write_report`` separately and never stored in ``report.json``, which stays small.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import numpy.typing as npt
+from matplotlib.figure import Figure
+
+Target = Literal["embedded", "bmv2"]
+Direction = Literal["egress", "ingress"]
+Protocol = Literal["udp", "tcp"]
+# Plot series per (pod, direction): times (same time base as the phases) and bit/s.
+PlotSeries = dict[tuple[str, str], tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise ValueError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+@dataclass
+class Result:
+    """Compliance of one pod in one direction; ``compliant`` means max window <= allowed."""
+
+    pod: str
+    direction: Direction
+    cap_bps: float
+    window_s: float
+    allowed_window_bytes: int
+    max_window_bytes: int
+    delivered_bps: float
+    compliant: bool
+    burst_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice("direction", self.direction, get_args(Direction))
+
+    @classmethod
+    def evaluate(
+        cls,
+        pod: str,
+        direction: Direction,
+        cap_bps: float,
+        window_s: float,
+        burst_bytes: int,
+        max_window_bytes: int,
+        delivered_bps: float,
+    ) -> Result:
+        """Build a result, allowing cap/8 x window plus the meter's burst bytes."""
+        allowed = int(cap_bps * window_s / 8) + burst_bytes
+        return cls(
+            pod=pod,
+            direction=direction,
+            cap_bps=cap_bps,
+            window_s=window_s,
+            allowed_window_bytes=allowed,
+            max_window_bytes=max_window_bytes,
+            delivered_bps=delivered_bps,
+            compliant=max_window_bytes <= allowed,
+            burst_bytes=burst_bytes,
+        )
+
+
+@dataclass
+class Flow:
+    """One traffic flow between pods, as offered by its sender and seen by its receiver."""
+
+    name: str
+    protocol: Protocol
+    src_pod: str
+    dst_pod: str
+    offered_bps: float
+    delivered_bps: float
+    loss_ratio: float
+
+    def __post_init__(self) -> None:
+        _check_choice("protocol", self.protocol, get_args(Protocol))
+
+
+@dataclass
+class Phase:
+    """A named interval of the scenario, in the same time base as the plot series."""
+
+    name: str
+    start: float
+    end: float
+
+
+@dataclass
+class Report:
+    """Everything ``report.json`` holds about one run."""
+
+    scenario: str
+    target: Target
+    duration_s: float
+    results: list[Result]
+    flows: list[Flow]
+    phases: list[Phase] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_choice("target", self.target, get_args(Target))
+
+    @property
+    def cap_held(self) -> bool:
+        """True when there is at least one result and every result is compliant."""
+        return bool(self.results) and all(r.compliant for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report.json document."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        """Build a report from a parsed report.json document."""
+        return cls(
+            scenario=data["scenario"],
+            target=data["target"],
+            duration_s=float(data["duration_s"]),
+            results=[Result(**r) for r in data["results"]],
+            flows=[Flow(**f) for f in data["flows"]],
+            phases=[Phase(**p) for p in data.get("phases", [])],
+        )
+
+
+def load_report(path: Path) -> Report:
+    """Read ``report.json`` (a file or the output folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    return Report.from_json(json.loads(path.read_text()))
+
+
+def write_report(out_dir: Path, report: Report, series: PlotSeries) -> None:
+    """Write report.json, throughput.png and summary.md into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    plot_throughput(report, series).savefig(out_dir / "throughput.png", dpi=100)
+    (out_dir / "summary.md").write_text(summary_markdown(report))
+
+
+def plot_throughput(report: Report, series: PlotSeries) -> Figure:
+    """Return a figure with one subplot per result: throughput, cap, phases, compliance."""
+    # Figure without pyplot renders with Agg and leaves no global state behind.
+    rows = max(1, len(report.results))
+    fig = Figure(figsize=(9, 2.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+    if not report.results:
+        axes[0].text(0.5, 0.5, "no results", ha="center", va="center", transform=axes[0].transAxes)
+    for ax, result in zip(axes, report.results, strict=False):
+        times, bps = series.get((result.pod, result.direction), (np.zeros(0), np.zeros(0)))
+        ax.plot(times, bps / 1e6, drawstyle="steps-post", label="delivered")
+        ax.axhline(result.cap_bps / 1e6, color="red", linestyle="--", label="cap")
+        for index, phase in enumerate(report.phases):
+            # Alternate the shade so that adjacent phases stay distinguishable.
+            ax.axvspan(phase.start, phase.end, alpha=0.15 if index % 2 == 0 else 0.05, color="grey", lw=0)
+            ax.text(phase.start, 0.97, f" {phase.name}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+        verdict = "yes" if result.compliant else "no"
+        ax.set_title(f"{result.pod} {result.direction}: compliant {verdict}")
+        ax.set_ylabel("Mbit/s")
+        # Headroom above the cap line keeps it and the phase names readable.
+        ax.set_ylim(0, 1.25 * max(result.cap_bps, float(bps.max(initial=0.0))) / 1e6 or 1.0)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[-1].set_xlabel("time (s)")
+    fig.suptitle(f"{report.scenario} ({report.target})")
+    return fig
+
+
+def _mbit(bps: float) -> str:
+    """Format a bit/s rate as Mbit/s for text."""
+    return f"{bps / 1e6:.2f}"
+
+
+def summary_markdown(report: Report) -> str:
+    """Return the short human-readable summary of a report."""
+    lines = [
+        f"# Lab run: {report.scenario}",
+        "",
+        f"Target: {report.target}, duration {report.duration_s:.1f} s.",
+        "",
+        "## Caps",
+        "",
+        "| pod | direction | cap (Mbit/s) | window (s) | max window bytes | allowed bytes "
+        "| delivered (Mbit/s) | compliant |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {r.pod} | {r.direction} | {_mbit(r.cap_bps)} | {r.window_s:g} | {r.max_window_bytes} "
+        f"| {r.allowed_window_bytes} | {_mbit(r.delivered_bps)} | {'yes' if r.compliant else 'no'} |"
+        for r in report.results
+    ]
+    lines += [
+        "",
+        "## Flows",
+        "",
+        "| flow | protocol | from | to | offered (Mbit/s) | delivered (Mbit/s) | loss (%) |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {f.name} | {f.protocol} | {f.src_pod} | {f.dst_pod} | {_mbit(f.offered_bps)} "
+        f"| {_mbit(f.delivered_bps)} | {f.loss_ratio * 100:.2f} |"
+        for f in report.flows
+    ]
+    lines += ["", f"Cap held: {'yes' if report.cap_held else 'no'}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,377 @@
+"""`dpu-limiter lab run`: build the network, start targets and the control plane, apply caps through
+the control plane's API (as a user would), drive traffic, measure at the receivers, report, clean up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import numpy as np
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from dpu_limiter.client import LimiterClient
+from rich.console import Console
+
+from . import measure
+from .capture import load_capture
+from .config import Scenario
+from .netns import LabNetwork, check_prerequisites
+from .report import Direction, Flow, Phase, Report, Result, write_report
+from .targets import TargetKind, TargetProcess, free_port, start_target
+
+BASE_PORT = 5201
+START_DELAY_S = 1.5  # senders start together this long after their commands are issued
+LINGER_S = 1.0
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    out: Path
+
+
+@dataclass
+class LabRun:
+    """One run of a scenario; `run()` returns the report, and always cleans up."""
+
+    scenario: Scenario
+    out_dir: Path
+    target: TargetKind = "embedded"
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    net: LabNetwork | None = None
+    targets: list[TargetProcess] = field(default_factory=list)
+    procs: list[_Proc] = field(default_factory=list)
+    control: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> Report:
+        """Run the scenario end to end."""
+        check_prerequisites()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "raw").mkdir(exist_ok=True)
+        with _sigterm_as_interrupt():
+            try:
+                return self._run()
+            finally:
+                self.cleanup()
+
+    def _say(self, text: str) -> None:
+        self.console.print(f"[bold cyan]lab[/] {text}")
+
+    def _run(self) -> Report:
+        sc = self.scenario
+        self._say(f"scenario [bold]{sc.name}[/] on the {self.target} target")
+        self.net = LabNetwork(sc.topology)
+        self.net.build()
+        self._say(f"network built: {len(self.net.namespaces)} namespaces (prefix {self.net.prefix})")
+        logs = self.out_dir / "raw"
+        for i, lim in enumerate(self.net.limiters):
+            self.targets.append(start_target(lim.name, self.target, i + 1, {0: lim.host_if, 1: lim.uplink_if}, logs))
+        self._say(f"{len(self.targets)} {self.target} targets up")
+        api = self._start_control_plane()
+        asyncio.run(self._configure(api))
+        self._say("caps applied through the control plane; every DPU converged (read back)")
+        captures = self._start_captures()
+        t_start = time.time()
+        phases: list[Phase] = []
+        flow_results: list[Flow] = []
+        port = BASE_PORT
+        for phase in sc.phases:
+            p_start, results, port = self._run_phase(phase.name, phase.duration_s, phase.flows, port)
+            phases.append(Phase(phase.name, p_start - t_start, p_start - t_start + phase.duration_s))
+            flow_results += results
+        time.sleep(LINGER_S)  # late frames of the last phase
+        for c in captures:
+            c.popen.terminate()  # captures run until told to stop; SIGTERM makes them write their counts
+        for c in captures:
+            self._wait(c, timeout=15)
+        duration = sum(ph.duration_s for ph in sc.phases)
+        report, series = self._evaluate(captures, phases, flow_results, t_start, duration)
+        write_report(self.out_dir, report, series)
+        verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
+        self._say(f"cap {verdict}; report in {self.out_dir}")
+        return report
+
+    # ------------------------------------------------------------------ control plane
+
+    def _start_control_plane(self) -> str:
+        port = free_port()
+        addr = f"127.0.0.1:{port}"
+        db = self.out_dir / "raw" / "control-plane.db"
+        db.unlink(missing_ok=True)
+        log = (self.out_dir / "raw" / "control-plane.log").open("wb")
+        self.control = subprocess.Popen(
+            [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        return addr
+
+    async def _configure(self, addr: str) -> None:
+        sc = self.scenario
+        assert self.net is not None
+        async with LimiterClient(addr) as client:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    await client.status()
+                    break
+                except Exception:
+                    if self.control is not None and self.control.poll() is not None:
+                        raise RuntimeError("control plane exited; see raw/control-plane.log") from None
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            for pod in sc.topology.pods:
+                await client.apply_pod(pod.name, [pod.subnet])
+            for tp, lim in zip(self.targets, self.net.limiters, strict=True):
+                await client.register_dpu(
+                    pb.Dpu(
+                        name=lim.name,
+                        p4runtime_address=tp.address,
+                        device_id=tp.device_id,
+                        pod=lim.pod,
+                        role=pb.DPU_ROLE_POD_UPLINK,
+                        host_port=0,
+                        uplink_port=1,
+                    )
+                )
+            for cap in sc.caps:
+                await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes)
+            await client.wait_converged(timeout=60)
+
+    # ------------------------------------------------------------------ traffic
+
+    def _spawn(self, name: str, ns: str, module: str, args: list[str]) -> _Proc:
+        out = self.out_dir / "raw" / f"{name}.json"
+        env = dict(os.environ)
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", module, *args, "--out", str(out)]
+        err = (self.out_dir / "raw" / f"{name}.log").open("wb")
+        p = _Proc(
+            name, subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env), out
+        )
+        self.procs.append(p)
+        return p
+
+    def _start_captures(self) -> list[_Proc]:
+        assert self.net is not None
+        # Generous upper bound: the run stops them with SIGTERM once the last phase is over.
+        total = 2 * sum(ph.duration_s + START_DELAY_S + 30 for ph in self.scenario.phases)
+        return [
+            self._spawn(
+                f"capture-{host}",
+                ns,
+                "dpu_lab.capture",
+                ["--iface", "eth0", "--duration", f"{total:.1f}", "--linger", str(LINGER_S)],
+            )
+            for host, ns in self.net.host_ns.items()
+        ]
+
+    def _wait(self, p: _Proc, timeout: float) -> None:
+        try:
+            p.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.popen.terminate()
+            p.popen.wait(timeout=5)
+        if p.popen.returncode != 0:
+            raise RuntimeError(f"{p.name} failed (exit {p.popen.returncode}); see {p.out.with_suffix('.log')}")
+
+    def _run_phase(self, name: str, duration: float, flows: list, port: int) -> tuple[float, list[Flow], int]:  # type: ignore[type-arg]
+        assert self.net is not None
+        topo = self.scenario.topology
+        start_at = time.time() + START_DELAY_S
+        receivers, senders = [], []
+        for f in flows:
+            src_ns, dst_ns = self.net.host_ns[f.src], self.net.host_ns[f.dst]
+            common = ["--port", str(port), "--duration", f"{duration}", "--start-at", f"{start_at:.6f}"]
+            receivers.append(
+                self._spawn(
+                    f"{f.name}-recv",
+                    dst_ns,
+                    "dpu_lab.traffic",
+                    [f"{f.protocol}-recv", *common, "--linger", str(LINGER_S)],
+                )
+            )
+            send_args = [f"{f.protocol}-send", "--dst", topo.address_of(f.dst), *common]
+            if f.protocol == "udp":
+                send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
+            senders.append(self._spawn(f"{f.name}-send", src_ns, "dpu_lab.traffic", send_args))
+            port += 1
+        self._progress(name, start_at, duration)
+        for p in senders + receivers:
+            self._wait(p, timeout=START_DELAY_S + duration + LINGER_S + 15)
+        results = []
+        for f, s, r in zip(flows, senders, receivers, strict=True):
+            results.append(self._flow_result(f, s, r, duration))
+        return start_at, results, port
+
+    def _progress(self, name: str, start_at: float, duration: float) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(
+            TextColumn("[bold cyan]lab[/] phase {task.description}"),
+            BarColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(name, total=duration)
+            while (now := time.time()) < start_at + duration:
+                progress.update(task, completed=max(0.0, now - start_at))
+                time.sleep(0.25)
+        self._say(f"phase [bold]{name}[/] done ({duration:.0f} s)")
+
+    def _flow_result(self, f, sender: _Proc, receiver: _Proc, duration: float) -> Flow:  # type: ignore[no-untyped-def]
+        import json
+
+        topo = self.scenario.topology
+        s = json.loads(sender.out.read_text())
+        r = json.loads(receiver.out.read_text())
+        if f.protocol == "udp":
+            offered = s["sent_wire_bytes"] * 8 / duration
+            delivered = r["received_wire_bytes"] * 8 / duration
+            sent = s["sent_packets"]
+            loss = 1 - r["received_packets"] / sent if sent else 0.0
+        else:
+            # TCP: goodput (payload bytes), the receiver cannot see headers; offered = what was sent.
+            offered = s["sent_bytes"] * 8 / duration
+            delivered = r["received_bytes"] * 8 / duration
+            loss = 0.0
+        return Flow(
+            name=f.name,
+            protocol=f.protocol,
+            src_pod=topo.pod_of_host(f.src).name,
+            dst_pod=topo.pod_of_host(f.dst).name,
+            offered_bps=offered,
+            delivered_bps=delivered,
+            loss_ratio=max(0.0, loss),
+        )
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _evaluate(
+        self, captures: list[_Proc], phases: list[Phase], flows: list[Flow], t_start: float, duration: float
+    ) -> tuple[Report, dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]]:
+        topo = self.scenario.topology
+        captured = {
+            host: load_capture(p.out) for host, p in zip(self.net.host_ns if self.net else {}, captures, strict=True)
+        }
+        addr_pod = {topo.address_of(h): topo.pod_of_host(h).name for p in topo.pods for h in p.hosts}
+        # Receiver-side series per (pod, direction): egress of P = bytes from P arriving in other pods;
+        # ingress of P = bytes arriving at P's hosts from other pods.
+        parts: dict[tuple[str, str], list[tuple[float, float, list[int]]]] = {}
+        for host, capture in captured.items():
+            dst_pod = topo.pod_of_host(host).name
+            for src in capture.by_src:
+                src_pod = addr_pod.get(src)
+                if src_pod == dst_pod:
+                    continue
+                one = capture.series(src)
+                if src_pod is not None:
+                    parts.setdefault((src_pod, "egress"), []).append(one)
+                parts.setdefault((dst_pod, "ingress"), []).append(one)
+        results: list[Result] = []
+        plot: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        for pod in topo.pods:
+            cap = self.scenario.cap_of(pod.name)
+            if cap is None:
+                continue
+            for direction, rate in directions(cap.egress, cap.ingress):
+                pieces = parts.get((pod.name, direction), [])
+                if pieces:
+                    t0, bin_s, bins = measure.merge_series(pieces)  # type: ignore[arg-type]
+                else:
+                    t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
+                mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
+                total = int(np.sum(bins)) if len(bins) else 0
+                burst = cap.burst_bytes or _default_burst(max(cap.egress, cap.ingress))
+                results.append(
+                    Result.evaluate(
+                        pod.name,
+                        direction,
+                        rate,
+                        cap.window_s,
+                        burst,
+                        mwb,  # type: ignore[arg-type]
+                        measure.delivered_bps(total, duration),
+                    )
+                )
+                if len(bins):
+                    times, bps = measure.throughput_series(t0, bin_s, list(bins))
+                    plot[(pod.name, direction)] = (times + (t0 - t_start), bps)
+        report = Report(
+            scenario=self.scenario.name,
+            target=self.target,
+            duration_s=duration,
+            results=results,
+            flows=flows,
+            phases=phases,
+        )
+        return report, plot
+
+    # ------------------------------------------------------------------ cleanup
+
+    def cleanup(self) -> None:
+        """Stop every process we started (by handle) and remove the network."""
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+        self.procs.clear()
+        if self.control is not None:
+            if self.control.poll() is None:
+                self.control.terminate()
+                try:
+                    self.control.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.control.kill()
+            self.control = None
+        for t in self.targets:
+            t.stop()
+        self.targets.clear()
+        if self.net is not None:
+            self.net.teardown()
+            self.net = None
+
+
+def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
+    """(direction, rate) pairs of a cap."""
+    return [("egress", egress), ("ingress", ingress)]
+
+
+def _default_burst(rate_bps: float) -> int:
+    from dpu_limiter.units import default_burst_bytes
+
+    return default_burst_bytes(rate_bps)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def default_out_dir() -> Path:
+    """A fresh output folder when the user gives none."""
+    return Path(tempfile.mkdtemp(prefix="dpu-lab-"))

@@ -1,0 +1,89 @@
+"""Starting one P4 target process per limiter: the embedded target, or bmv2's simple_switch_grpc.
+
+Both get the same command line shape (`--device-id`, `-i PORT@IF`, `--no-p4`, then after `--`
+`--grpc-server-addr`), so the rest of the lab does not care which one runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+TargetKind = Literal["embedded", "bmv2"]
+BMV2_BINARY = "simple_switch_grpc"
+
+
+class TargetError(RuntimeError):
+    """A target could not be started."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def target_command(kind: TargetKind, device_id: int, interfaces: dict[int, str], grpc_addr: str) -> list[str]:
+    """The command line that starts a target of `kind`."""
+    ifs = [arg for port, ifname in sorted(interfaces.items()) for arg in ("-i", f"{port}@{ifname}")]
+    if kind == "embedded":
+        exe = [sys.executable, "-m", "p4sim.main"]
+    else:
+        path = shutil.which(BMV2_BINARY)
+        if path is None:
+            raise TargetError(f"--target bmv2 needs {BMV2_BINARY} on PATH (not found); use --target embedded")
+        exe = [path, "--log-level", "off"]
+    return [*exe, "--device-id", str(device_id), *ifs, "--no-p4", "--", "--grpc-server-addr", grpc_addr]
+
+
+@dataclass
+class TargetProcess:
+    """A running target and where it listens."""
+
+    name: str
+    kind: TargetKind
+    device_id: int
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self) -> None:
+        """Terminate the process we started (by its handle), then kill it if it lingers."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+def start_target(
+    name: str, kind: TargetKind, device_id: int, interfaces: dict[int, str], log_dir: Path, timeout: float = 20.0
+) -> TargetProcess:
+    """Start a target and wait until its P4Runtime port accepts connections."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cmd = target_command(kind, device_id, interfaces, address)
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    tp = TargetProcess(name, kind, device_id, address, proc, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise TargetError(f"{name}: {' '.join(cmd)} exited with {proc.returncode}; see {log_path}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return tp
+        except OSError:
+            time.sleep(0.05)
+    tp.stop()
+    raise TargetError(f"{name}: P4Runtime did not come up on {address} within {timeout:.0f} s; see {log_path}")

@@ -1,0 +1,166 @@
+"""The limiter.v1.Limiter gRPC API: proto <-> models, errors -> status codes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from ._proto.limiter.v1 import limiter_pb2 as pb
+from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from .models import Cap, Dpu, InvalidArgument, Pod, Role
+from .service import LimiterService, NotFound
+
+T = TypeVar("T")
+
+ROLE_FROM_PB = {
+    pb.DPU_ROLE_UNSPECIFIED: Role.POD_UPLINK,
+    pb.DPU_ROLE_POD_UPLINK: Role.POD_UPLINK,
+    pb.DPU_ROLE_NODE: Role.NODE,
+}
+ROLE_TO_PB = {Role.POD_UPLINK: pb.DPU_ROLE_POD_UPLINK, Role.NODE: pb.DPU_ROLE_NODE}
+
+
+def pod_to_pb(pod: Pod) -> pb.Pod:
+    """Model to proto."""
+    return pb.Pod(name=pod.name, ipv4_prefixes=list(pod.ipv4_prefixes))
+
+
+def dpu_to_pb(d: Dpu) -> pb.Dpu:
+    """Model to proto."""
+    return pb.Dpu(
+        name=d.name,
+        p4runtime_address=d.p4runtime_address,
+        device_id=d.device_id,
+        pod=d.pod,
+        role=ROLE_TO_PB[d.role],
+        host_port=d.host_port,
+        uplink_port=d.uplink_port,
+    )
+
+
+def cap_to_pb(cap: Cap) -> pb.Cap:
+    """Model to proto."""
+    return pb.Cap(
+        egress_bps=cap.egress_bps, ingress_bps=cap.ingress_bps, window_s=cap.window_s, burst_bytes=cap.burst_bytes
+    )
+
+
+def cap_from_pb(c: pb.Cap) -> Cap:
+    """Proto to validated model."""
+    return Cap.validated(Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes))
+
+
+class LimiterApi(pb_grpc.LimiterServicer):
+    """gRPC front of LimiterService."""
+
+    def __init__(self, service: LimiterService) -> None:
+        self.service = service
+
+    @staticmethod
+    async def _call(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:  # type: ignore[type-arg]
+        try:
+            return await fn()
+        except InvalidArgument as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        raise AssertionError("unreachable")
+
+    async def ApplyPod(self, request: pb.ApplyPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:  # type: ignore[type-arg]  # noqa: N802
+        """Create or replace a pod."""
+
+        async def run() -> pb.Pod:
+            pod = Pod.validated(request.pod.name, list(request.pod.ipv4_prefixes))
+            return pod_to_pb(await self.service.apply_pod(pod))
+
+        return await self._call(context, run)
+
+    async def ListPods(self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext) -> pb.ListPodsResponse:  # type: ignore[type-arg]  # noqa: N802
+        """Every pod."""
+        pods = sorted(self.service.state.pods.values(), key=lambda p: p.name)
+        return pb.ListPodsResponse(pods=[pod_to_pb(p) for p in pods])
+
+    async def RegisterDpu(self, request: pb.RegisterDpuRequest, context: grpc.aio.ServicerContext) -> pb.Dpu:  # type: ignore[type-arg]  # noqa: N802
+        """Register a DPU."""
+
+        async def run() -> pb.Dpu:
+            d = request.dpu
+            if d.role not in ROLE_FROM_PB:
+                raise InvalidArgument("dpu.role", d.role, "unknown role")
+            dpu = Dpu.validated(
+                Dpu(
+                    d.name,
+                    d.p4runtime_address,
+                    d.device_id,
+                    d.pod,
+                    ROLE_FROM_PB[d.role],
+                    d.host_port,
+                    d.uplink_port if d.uplink_port or d.host_port else 1,
+                )
+            )
+            return dpu_to_pb(await self.service.register_dpu(dpu))
+
+        return await self._call(context, run)
+
+    async def ListDpus(self, request: pb.ListDpusRequest, context: grpc.aio.ServicerContext) -> pb.ListDpusResponse:  # type: ignore[type-arg]  # noqa: N802
+        """Every DPU."""
+        dpus = sorted(self.service.state.dpus.values(), key=lambda d: d.name)
+        return pb.ListDpusResponse(dpus=[dpu_to_pb(d) for d in dpus])
+
+    async def SetPodCap(self, request: pb.SetPodCapRequest, context: grpc.aio.ServicerContext) -> pb.PodCap:  # type: ignore[type-arg]  # noqa: N802
+        """Set a pod's cap."""
+
+        async def run() -> pb.PodCap:
+            if not request.HasField("cap"):
+                raise InvalidArgument("cap", None, "is required")
+            for fname in ("egress_bps", "ingress_bps", "window_s"):
+                if math.isnan(getattr(request.cap, fname)):
+                    raise InvalidArgument(f"cap.{fname}", "nan", "must be a number")
+            cap = cap_from_pb(request.cap)
+            stored = await self.service.set_cap(request.pod, cap)
+            return pb.PodCap(pod=request.pod, cap=cap_to_pb(stored))
+
+        return await self._call(context, run)
+
+    async def GetPodCap(self, request: pb.GetPodCapRequest, context: grpc.aio.ServicerContext) -> pb.PodCap:  # type: ignore[type-arg]  # noqa: N802
+        """A pod's cap."""
+
+        async def run() -> pb.PodCap:
+            return pb.PodCap(pod=request.pod, cap=cap_to_pb(self.service.get_cap(request.pod)))
+
+        return await self._call(context, run)
+
+    async def GetUsage(self, request: pb.GetUsageRequest, context: grpc.aio.ServicerContext) -> pb.GetUsageResponse:  # type: ignore[type-arg]  # noqa: N802
+        """Usage per pod and direction."""
+
+        async def run() -> pb.GetUsageResponse:
+            rows = await self.service.usage(request.pod)
+            return pb.GetUsageResponse(usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
+
+        return await self._call(context, run)
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
+        """Every DPU's reconciliation status."""
+        out = pb.GetStatusResponse(generation=self.service.state.generation)
+        for name, st in sorted(self.service.status().items()):
+            out.dpus.append(
+                pb.DpuStatus(
+                    name=name,
+                    connected=st.connected,
+                    primary=st.primary,
+                    converged=st.converged,
+                    last_error=st.last_error,
+                    generation_applied=st.generation_applied,
+                )
+            )
+        return out
+
+
+def add_to_server(server: grpc.aio.Server, service: LimiterService) -> LimiterApi:
+    """Register the API on a gRPC server."""
+    api = LimiterApi(service)
+    pb_grpc.add_LimiterServicer_to_server(api, server)  # type: ignore[no-untyped-call]
+    return api

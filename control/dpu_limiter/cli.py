@@ -1,0 +1,193 @@
+"""`dpu-limiter`: the command line for operators, researchers and CI.
+
+dpu-limiter lab run SCENARIO --out DIR [--target embedded|bmv2]
+dpu-limiter serve [--db PATH] [--listen ADDR]
+dpu-limiter target -i 0@IF0 -i 1@IF1 --device-id N --no-p4 -- --grpc-server-addr ADDR
+dpu-limiter cap set POD --egress 1G --ingress 1G --window 60 [--burst BYTES]
+dpu-limiter cap get POD | usage [--pod POD] | status        (with --server ADDR)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+DEFAULT_SERVER = "127.0.0.1:50100"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dpu-limiter",
+        description="Cap the bandwidth between accelerator pods "
+        "with P4 data planes, and measure it in an emulation lab.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    lab = sub.add_parser("lab", help="the emulation lab").add_subparsers(
+        dest="lab_cmd", required=True, metavar="LAB_COMMAND"
+    )
+    run = lab.add_parser(
+        "run",
+        help="run a scenario and write report.json, throughput.png, summary.md",
+        description="Build the scenario's network in namespaces, start one P4 target per limiter "
+        "and the control plane, apply the caps through its API, drive the traffic, measure at the "
+        "receivers, write the report, and remove everything it made. Needs root.",
+    )
+    run.add_argument("scenario", type=Path, help="scenario YAML (e.g. bmv2-lab/scenarios/two-pods.yaml)")
+    run.add_argument("--out", type=Path, required=True, help="output folder")
+    run.add_argument(
+        "--target",
+        choices=["embedded", "bmv2"],
+        default="embedded",
+        help="P4 target per limiter: the embedded target (default) or simple_switch_grpc",
+    )
+
+    serve = sub.add_parser("serve", help="run the control plane's gRPC API")
+    serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
+    serve.add_argument("--listen", default=DEFAULT_SERVER, help=f"listen address (default {DEFAULT_SERVER})")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    sub.add_parser(
+        "target", help="run the embedded P4 target (simple_switch_grpc's options; --help for them)", add_help=False
+    )
+
+    cap = sub.add_parser("cap", help="set or get a pod's cap").add_subparsers(
+        dest="cap_cmd", required=True, metavar="CAP_COMMAND"
+    )
+    cset = cap.add_parser("set", help="set a pod's cap (rates in bit/s: 20M, 1G, ...)")
+    cset.add_argument("pod")
+    cset.add_argument("--egress", required=True, help="rate out of the pod, bit/s (e.g. 1G)")
+    cset.add_argument("--ingress", required=True, help="rate into the pod, bit/s")
+    cset.add_argument("--window", type=float, required=True, help="averaging window, seconds")
+    cset.add_argument("--burst", type=int, default=0, help="meter burst, bytes (default: 100 ms at the rate)")
+    cget = cap.add_parser("get", help="show a pod's cap")
+    cget.add_argument("pod")
+    usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
+    usage.add_argument("--pod", default="")
+    sub.add_parser("status", help="whether every DPU holds the desired state")
+    for p in (cset, cget, usage, sub.choices["status"]):
+        p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
+        p.add_argument("--json", action="store_true", help="JSON output for scripts")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `dpu-limiter` console script."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] == "target":
+        from p4sim.main import main as target_main
+
+        return target_main(args_in[1:], prog="dpu-limiter target")
+    args = _parser().parse_args(args_in)
+    if args.cmd == "lab":
+        return _lab_run(args)
+    if args.cmd == "serve":
+        from .server import serve
+
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        asyncio.run(serve(args.db, args.listen))
+        return 0
+    try:
+        return asyncio.run(_client_cmd(args))
+    except grpc.aio.AioRpcError as exc:
+        print(f"dpu-limiter: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+def _lab_run(args: argparse.Namespace) -> int:
+    from dpu_lab.config import ConfigError, load_scenario
+    from dpu_lab.netns import NetError
+    from dpu_lab.runner import LabRun
+    from dpu_lab.targets import TargetError
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ConfigError as exc:
+        print(f"dpu-limiter: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = LabRun(scenario, args.out, args.target).run()
+    except (NetError, TargetError, TimeoutError, RuntimeError) as exc:
+        print(f"dpu-limiter: lab run failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dpu-limiter: interrupted; everything the run created was removed", file=sys.stderr)
+        return 130
+    return 0 if report.cap_held else 3
+
+
+async def _client_cmd(args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+
+    from .client import LimiterClient
+    from .units import UnitError, parse_rate
+
+    async with LimiterClient(args.server) as c:
+        if args.cmd == "cap" and args.cap_cmd == "set":
+            try:
+                egress, ingress = parse_rate(args.egress, "--egress"), parse_rate(args.ingress, "--ingress")
+            except UnitError as exc:
+                print(f"dpu-limiter: {exc}", file=sys.stderr)
+                return 2
+            msg = await c.set_pod_cap(args.pod, egress, ingress, args.window, args.burst)
+        elif args.cmd == "cap":
+            msg = await c.get_pod_cap(args.pod)
+        elif args.cmd == "usage":
+            msg = await c.usage(args.pod)
+        else:
+            msg = await c.status()
+    doc = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print_table(args.cmd, doc)
+    return 0
+
+
+def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if cmd == "usage":
+        t = Table("pod", "direction", "exempt B", "metered B", "green B", "yellow B", "red B (dropped)")
+        for u in doc.get("usage", []):
+            t.add_row(
+                u["pod"],
+                u["direction"],
+                *(
+                    str(u.get(k, 0))
+                    for k in ("exempt_bytes", "metered_bytes", "green_bytes", "yellow_bytes", "red_bytes")
+                ),
+            )
+        console.print(t)
+    elif cmd == "status":
+        t = Table("dpu", "connected", "primary", "converged", "generation", "last error")
+        for d in doc.get("dpus", []):
+            t.add_row(
+                d["name"],
+                str(d.get("connected", False)),
+                str(d.get("primary", False)),
+                str(d.get("converged", False)),
+                f"{d.get('generation_applied', 0)}/{doc.get('generation', 0)}",
+                d.get("last_error", ""),
+            )
+        console.print(t)
+    else:
+        cap = doc.get("cap", {})
+        console.print(
+            f"pod {doc.get('pod')}: egress {float(cap.get('egress_bps', 0)) / 1e6:g} Mbit/s, "
+            f"ingress {float(cap.get('ingress_bps', 0)) / 1e6:g} Mbit/s, window {cap.get('window_s')} s, "
+            f"burst {cap.get('burst_bytes', 0)} B"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""The control plane's desired-state objects and their validation.
+
+Every check raises InvalidArgument naming the field and the offending value, so that the API,
+the files and the CLI all report bad input the same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .units import MAX_PI_BURST, UnitError, bps_to_bytes_per_s, check_burst, default_burst_bytes
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+MAX_RATE_BPS = 1.6e12  # 1.6 Tbit/s: well above any DPU link, far below int64 bytes/s
+MAX_WINDOW_S = 86_400.0
+
+
+class InvalidArgument(ValueError):
+    """Bad input: names the field and the value."""
+
+    def __init__(self, field_name: str, value: object, reason: str) -> None:
+        super().__init__(f"{field_name}: {reason} (got {value!r})")
+        self.field = field_name
+        self.value = value
+        self.reason = reason
+
+
+class Role(str, Enum):
+    """Where a limiting device sits."""
+
+    POD_UPLINK = "pod-uplink"
+    NODE = "node"
+
+
+def check_name(field_name: str, value: str) -> str:
+    """A DNS-label-like object name."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise InvalidArgument(field_name, value, "must be 1-63 lowercase letters, digits, '.', '_' or '-'")
+    return value
+
+
+def check_address(field_name: str, value: str) -> str:
+    """A host:port gRPC address (IPv4, [IPv6] or a DNS name)."""
+    host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(field_name, value, "must be host:port with a port in 1..65535")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise InvalidArgument(field_name, value, "unterminated IPv6 literal")
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise InvalidArgument(field_name, value, "not a valid IPv6 address") from None
+    elif not re.fullmatch(r"[A-Za-z0-9.-]{1,253}", host):
+        raise InvalidArgument(field_name, value, "host is not an IPv4 address or DNS name")
+    elif re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise InvalidArgument(field_name, value, "not a valid IPv4 address") from None
+    return value
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A pod and the IPv4 prefixes of its nodes."""
+
+    name: str
+    ipv4_prefixes: tuple[str, ...]
+
+    @staticmethod
+    def validated(name: str, prefixes: list[str] | tuple[str, ...], field_prefix: str = "pod") -> Pod:
+        """Build a Pod, normalising prefixes (10.0.1.0/24); errors name the field."""
+        check_name(f"{field_prefix}.name", name)
+        if not prefixes:
+            raise InvalidArgument(f"{field_prefix}.ipv4_prefixes", list(prefixes), "a pod needs at least one prefix")
+        norm = []
+        for i, p in enumerate(prefixes):
+            try:
+                net = ipaddress.IPv4Network(p, strict=True)
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgument(f"{field_prefix}.ipv4_prefixes[{i}]", p, f"not an IPv4 prefix: {exc}") from None
+            norm.append(str(net))
+        return Pod(name=name, ipv4_prefixes=tuple(sorted(set(norm))))
+
+
+@dataclass(frozen=True)
+class Dpu:
+    """A limiting device programmed over P4Runtime."""
+
+    name: str
+    p4runtime_address: str
+    device_id: int
+    pod: str
+    role: Role = Role.POD_UPLINK
+    host_port: int = 0
+    uplink_port: int = 1
+
+    @staticmethod
+    def validated(dpu: Dpu, field_prefix: str = "dpu") -> Dpu:
+        """Check every field; errors name the field."""
+        check_name(f"{field_prefix}.name", dpu.name)
+        check_address(f"{field_prefix}.p4runtime_address", dpu.p4runtime_address)
+        if not 0 <= dpu.device_id < 1 << 63:
+            raise InvalidArgument(f"{field_prefix}.device_id", dpu.device_id, "must be in 0..2**63-1")
+        check_name(f"{field_prefix}.pod", dpu.pod)
+        for fname in ("host_port", "uplink_port"):
+            port = getattr(dpu, fname)
+            if not 0 <= port < 511:
+                raise InvalidArgument(f"{field_prefix}.{fname}", port, "must be a data-plane port in 0..510")
+        if dpu.host_port == dpu.uplink_port:
+            raise InvalidArgument(f"{field_prefix}.uplink_port", dpu.uplink_port, "must differ from host_port")
+        return dpu
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A per-direction cap: rates in bit/s, window in seconds, meter burst in bytes."""
+
+    egress_bps: float
+    ingress_bps: float
+    window_s: float
+    burst_bytes: int = 0
+
+    @staticmethod
+    def validated(cap: Cap, field_prefix: str = "cap") -> Cap:
+        """Check every field and fill the default burst; errors name the field."""
+        for fname in ("egress_bps", "ingress_bps"):
+            rate = getattr(cap, fname)
+            if not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
+                raise InvalidArgument(f"{field_prefix}.{fname}", rate, "must be a rate > 0 bit/s")
+            if rate > MAX_RATE_BPS:
+                raise InvalidArgument(f"{field_prefix}.{fname}", rate, f"must be <= {MAX_RATE_BPS:g} bit/s")
+            try:
+                bps_to_bytes_per_s(rate, f"{field_prefix}.{fname}")
+            except UnitError as exc:
+                raise InvalidArgument(f"{field_prefix}.{fname}", rate, str(exc)) from None
+        w = cap.window_s
+        if not isinstance(w, int | float) or not math.isfinite(w) or w <= 0 or w > MAX_WINDOW_S:
+            raise InvalidArgument(f"{field_prefix}.window_s", w, f"must be > 0 and <= {MAX_WINDOW_S:g} seconds")
+        burst = cap.burst_bytes or default_burst_bytes(max(cap.egress_bps, cap.ingress_bps))
+        try:
+            check_burst(burst, f"{field_prefix}.burst_bytes")
+        except UnitError:
+            raise InvalidArgument(
+                f"{field_prefix}.burst_bytes", cap.burst_bytes, f"must be <= {MAX_PI_BURST} (32-bit meter bursts)"
+            ) from None
+        return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst))
+
+
+@dataclass
+class DesiredState:
+    """Everything the control plane wants its DPUs to hold."""
+
+    pods: dict[str, Pod] = field(default_factory=dict)
+    dpus: dict[str, Dpu] = field(default_factory=dict)
+    caps: dict[str, Cap] = field(default_factory=dict)
+    generation: int = 0

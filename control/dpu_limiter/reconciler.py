@@ -1,0 +1,190 @@
+"""Level-triggered reconciliation: one agent per DPU keeps it holding the desired state.
+
+Each agent owns a finsy Switch: finsy connects, arbitrates (the control plane bids a high
+election id), and installs the pipeline when the DPU's cookie differs (a restarted DPU has none).
+Whenever the switch becomes ready, whenever the desired state changes, and periodically, the
+agent reads back what the DPU holds and writes the difference in a safe order. Transient
+failures are retried with tenacity (jittered exponential backoff); one slow or dead DPU never
+delays the others, since every agent is its own task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import finsy as fy
+from finsy.p4client import P4ClientError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from . import dataplane as dp
+from .models import Dpu
+
+LOG = logging.getLogger(__name__)
+
+ELECTION_ID = 1 << 40  # above any default controller's bid (finsy 10, p4runtime-shell 1)
+RESYNC_S = 5.0
+
+
+@dataclass
+class AgentStatus:
+    """What an agent last saw of its DPU."""
+
+    connected: bool = False
+    primary: bool = False
+    converged: bool = False
+    last_error: str = ""
+    generation_applied: int = 0
+
+
+class DpuAgent:
+    """Keeps one DPU converged to the intent that `intent_fn` returns."""
+
+    def __init__(
+        self,
+        dpu: Dpu,
+        program: dp.ProgramFiles,
+        intent_fn: Callable[[], tuple[int, dp.Intent]],
+        election_id: int = ELECTION_ID,
+    ) -> None:
+        self.dpu = dpu
+        self.intent_fn = intent_fn
+        self.status = AgentStatus()
+        self._changed = asyncio.Event()
+        self._converged = asyncio.Event()
+        opts = fy.SwitchOptions(
+            p4info=program.p4info,
+            p4blob=program.bmv2_json,
+            device_id=dpu.device_id,
+            initial_election_id=election_id,
+            ready_handler=self._ready,
+        )
+        self.switch = fy.Switch(dpu.name, dpu.p4runtime_address, opts)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the agent's task."""
+        self._task = asyncio.create_task(self._run(), name=f"agent-{self.dpu.name}")
+
+    async def stop(self) -> None:
+        """Cancel the agent and close its connection."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+
+    def poke(self) -> None:
+        """The desired state changed: reconcile now."""
+        self._converged.clear()
+        self._changed.set()
+
+    async def wait_converged(self, generation: int, timeout: float) -> bool:
+        """Wait until this DPU has applied `generation` (or later)."""
+
+        async def _wait() -> None:
+            while self.status.generation_applied < generation or not self.status.converged:
+                self._converged.clear()
+                await self._converged.wait()
+
+        try:
+            await asyncio.wait_for(_wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def _run(self) -> None:
+        try:
+            await self.switch.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.status.last_error = f"{type(exc).__name__}: {exc}"
+            LOG.error("agent %s stopped: %s", self.dpu.name, exc)
+
+    async def _ready(self, sw: fy.Switch) -> None:
+        self.status.connected = True
+        self.status.primary = sw.is_primary
+        try:
+            while True:
+                self._changed.clear()
+                try:
+                    await self._reconcile_with_retries(sw)
+                except (P4ClientError, DriftError) as exc:
+                    self.status.converged = False
+                    self.status.last_error = str(exc)
+                    LOG.warning("reconcile %s failed: %s", self.dpu.name, exc)
+                try:
+                    await asyncio.wait_for(self._changed.wait(), RESYNC_S)
+                except TimeoutError:
+                    pass
+        finally:
+            self.status.connected = False
+            self.status.primary = False
+            self.status.converged = False
+
+    async def _reconcile_with_retries(self, sw: fy.Switch) -> None:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((P4ClientError, DriftError)),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            stop=stop_after_attempt(4),
+            reraise=True,
+        ):
+            with attempt:
+                await self.reconcile(sw)
+
+    async def reconcile(self, sw: fy.Switch) -> None:
+        """Read back the DPU's entries and write what differs from the intent."""
+        generation, intent = self.intent_fn()
+        current = [e async for e in sw.read(dp.managed_tables())]  # type: ignore[attr-defined]
+        meters = [m async for m in sw.read(dp.meter_reads(intent))]  # type: ignore[attr-defined]
+        p = dp.plan(intent, current, meters, sw.p4info)
+        if p.delete_exemptions:
+            await sw.delete(p.delete_exemptions)
+        if p.meters:
+            await sw.modify(p.meters)
+        if p.insert_exemptions:
+            await sw.insert(p.insert_exemptions)
+        if p.insert_boundary:
+            await sw.insert(p.insert_boundary)
+        if p.modify_boundary:
+            await sw.modify(p.modify_boundary)
+        if p.delete_boundary:
+            await sw.delete(p.delete_boundary)
+        if p.changes:
+            LOG.info("%s: %d updates", self.dpu.name, p.changes)
+        await self._verify_meters(sw, intent)
+        self.status.converged = True
+        self.status.last_error = ""
+        self.status.generation_applied = generation
+        self._converged.set()
+
+    async def _verify_meters(self, sw: fy.Switch, intent: dp.Intent) -> None:
+        read = [m async for m in sw.read(dp.meter_reads(intent))]  # type: ignore[attr-defined]
+        wrong = dp.meter_mismatches(intent, read)
+        if wrong:
+            raise DriftError(f"{self.dpu.name}: meter cells {[m.index for m in wrong]} do not read back as written")
+
+    async def read_usage(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Counter cells by direction: {direction: {name: (packets, bytes)}}."""
+        sw = self.switch
+        cells: dict[tuple[str, int], tuple[int, int]] = {}
+        async for c in sw.read(dp.usage_reads()):  # type: ignore[attr-defined]
+            cells[(c.counter_id, c.index or 0)] = (c.packet_count, c.byte_count)
+        out: dict[str, dict[str, tuple[int, int]]] = {}
+        for direction, cell in dp.CELLS.items():
+            d: dict[str, tuple[int, int]] = {}
+            for name, k in dp.CLASSES.items():
+                d[name] = cells.get((dp.CLASS_COUNTER, cell * 8 + k), (0, 0))
+            for name, k in dp.COLORS.items():
+                d[name] = cells.get((dp.COLOR_COUNTER, cell * 4 + k), (0, 0))
+            out[direction] = d
+        return out
+
+
+class DriftError(Exception):
+    """Read-back state differs from what was just written."""

@@ -1,0 +1,56 @@
+"""Running the control plane: a gRPC server over the service, in-process or as `dpu-limiter serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+
+from . import api
+from .dataplane import ProgramFiles
+from .service import LimiterService
+from .store import Store
+
+LOG = logging.getLogger(__name__)
+
+
+class ControlPlane:
+    """The control plane's gRPC server and service, started and stopped as one."""
+
+    def __init__(self, db_path: Path | str, listen: str = "127.0.0.1:0", program: ProgramFiles | None = None) -> None:
+        self.store = Store(db_path)
+        self.service = LimiterService(self.store, program)
+        self.server = grpc.aio.server()
+        api.add_to_server(self.server, self.service)
+        self.port = self.server.add_insecure_port(listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {listen}")
+        self.address = f"{listen.rpartition(':')[0]}:{self.port}"
+
+    async def start(self) -> None:
+        """Start serving and reconciling."""
+        await self.server.start()
+        await self.service.start()
+
+    async def stop(self) -> None:
+        """Stop serving, stop the agents, close the store."""
+        await self.server.stop(grace=0.5)
+        await self.service.stop()
+        self.store.close()
+
+
+async def serve(db_path: Path, listen: str) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    cp = ControlPlane(db_path, listen)
+    await cp.start()
+    LOG.info("control plane listening on %s, state in %s", cp.address, db_path)
+    print(f"dpu-limiter control plane listening on {cp.address} (state: {db_path})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await cp.stop()

@@ -1,0 +1,183 @@
+"""The control plane's service layer: validate, store durably, then let the agents reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from dataclasses import dataclass
+
+from . import dataplane as dp
+from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod
+from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
+from .store import Store
+
+LOG = logging.getLogger(__name__)
+
+
+class NotFound(LookupError):
+    """A referenced object does not exist."""
+
+
+@dataclass(frozen=True)
+class DirectionUsage:
+    """Bytes and packets one pod sent or received across its boundary, by class and colour."""
+
+    pod: str
+    direction: str
+    exempt_bytes: int
+    metered_bytes: int
+    green_bytes: int
+    yellow_bytes: int
+    red_bytes: int
+    other_bytes: int
+    fragment_bytes: int
+    metered_packets: int
+    red_packets: int
+
+
+class LimiterService:
+    """Desired state in the store, one reconciling agent per DPU."""
+
+    def __init__(self, store: Store, program: dp.ProgramFiles | None = None, election_id: int = ELECTION_ID) -> None:
+        self.store = store
+        self.program = program or dp.limiter_program()
+        self.election_id = election_id
+        self.state: DesiredState = store.load()
+        self.agents: dict[str, DpuAgent] = {}
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Start an agent for every stored DPU (a restart resumes from the store)."""
+        for dpu in self.state.dpus.values():
+            self._start_agent(dpu)
+
+    async def stop(self) -> None:
+        """Stop every agent."""
+        await asyncio.gather(*(a.stop() for a in self.agents.values()))
+        self.agents.clear()
+
+    def _start_agent(self, dpu: Dpu) -> None:
+        def intent() -> tuple[int, dp.Intent]:
+            st = self.state
+            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), st.caps.get(dpu.pod))
+
+        agent = DpuAgent(dpu, self.program, intent, self.election_id)
+        self.agents[dpu.name] = agent
+        agent.start()
+
+    def _poke_pod(self, pod: str) -> None:
+        for agent in self.agents.values():
+            if agent.dpu.pod == pod:
+                agent.poke()
+
+    # ---------------------------------------------------------------- writes
+
+    async def apply_pod(self, pod: Pod) -> Pod:
+        """Create or replace a pod (already validated); prefixes may not overlap another pod's."""
+        async with self._lock:
+            for other in self.state.pods.values():
+                if other.name == pod.name:
+                    continue
+                for i, p in enumerate(pod.ipv4_prefixes):
+                    net = ipaddress.IPv4Network(p)
+                    for q in other.ipv4_prefixes:
+                        if net.overlaps(ipaddress.IPv4Network(q)):
+                            raise InvalidArgument(f"pod.ipv4_prefixes[{i}]", p, f"overlaps {q} of pod {other.name!r}")
+            await asyncio.to_thread(self.store.put_pod, pod)
+            self.state = await asyncio.to_thread(self.store.load)
+        self._poke_pod(pod.name)
+        return pod
+
+    async def register_dpu(self, dpu: Dpu) -> Dpu:
+        """Register a DPU (already validated) of a known pod; names and endpoints are unique."""
+        async with self._lock:
+            if dpu.pod not in self.state.pods:
+                raise InvalidArgument("dpu.pod", dpu.pod, "unknown pod; apply the pod first")
+            if dpu.name in self.state.dpus:
+                raise InvalidArgument("dpu.name", dpu.name, "a DPU with this name is already registered")
+            for other in self.state.dpus.values():
+                if (other.p4runtime_address, other.device_id) == (dpu.p4runtime_address, dpu.device_id):
+                    raise InvalidArgument(
+                        "dpu.p4runtime_address",
+                        dpu.p4runtime_address,
+                        f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
+                    )
+            await asyncio.to_thread(self.store.add_dpu, dpu)
+            self.state = await asyncio.to_thread(self.store.load)
+            self._start_agent(dpu)
+        return dpu
+
+    async def set_cap(self, pod: str, cap: Cap) -> Cap:
+        """Set a pod's cap (already validated)."""
+        async with self._lock:
+            if pod not in self.state.pods:
+                raise InvalidArgument("pod", pod, "unknown pod")
+            await asyncio.to_thread(self.store.put_cap, pod, cap)
+            self.state = await asyncio.to_thread(self.store.load)
+        self._poke_pod(pod)
+        return cap
+
+    # ---------------------------------------------------------------- reads
+
+    def get_cap(self, pod: str) -> Cap:
+        """A pod's cap."""
+        if pod not in self.state.pods:
+            raise NotFound(f"pod {pod!r} does not exist")
+        cap = self.state.caps.get(pod)
+        if cap is None:
+            raise NotFound(f"pod {pod!r} has no cap (its DPUs pass only intra-pod traffic and ARP)")
+        return cap
+
+    def status(self) -> dict[str, AgentStatus]:
+        """Every agent's last status."""
+        return {name: a.status for name, a in self.agents.items()}
+
+    async def wait_converged(self, timeout: float) -> bool:
+        """Wait until every DPU applied the current generation."""
+        gen = self.state.generation
+        results = await asyncio.gather(*(a.wait_converged(gen, timeout) for a in self.agents.values()))
+        return all(results)
+
+    async def usage(self, pod: str = "") -> list[DirectionUsage]:
+        """Usage per pod and direction, summed over the pod's DPUs' counters."""
+        if pod and pod not in self.state.pods:
+            raise NotFound(f"pod {pod!r} does not exist")
+        pods = [pod] if pod else sorted(self.state.pods)
+        out: list[DirectionUsage] = []
+        for name in pods:
+            agents = [a for a in self.agents.values() if a.dpu.pod == name]
+            reads = await asyncio.gather(*(a.read_usage() for a in agents), return_exceptions=True)
+            for direction in dp.CELLS:
+                tot: dict[str, list[int]] = {}
+                for r in reads:
+                    if isinstance(r, BaseException):
+                        LOG.warning("usage read failed: %s", r)
+                        continue
+                    for k, (npk, nby) in r[direction].items():
+                        acc = tot.setdefault(k, [0, 0])
+                        acc[0] += npk
+                        acc[1] += nby
+
+                def b(k: str, tot: dict[str, list[int]] = tot) -> int:
+                    return tot.get(k, [0, 0])[1]
+
+                def pk(k: str, tot: dict[str, list[int]] = tot) -> int:
+                    return tot.get(k, [0, 0])[0]
+
+                out.append(
+                    DirectionUsage(
+                        pod=name,
+                        direction=direction,
+                        exempt_bytes=b("intra") + b("arp"),
+                        metered_bytes=b("ipv4") + b("fragment") + b("other"),
+                        green_bytes=b("green"),
+                        yellow_bytes=b("yellow"),
+                        red_bytes=b("red"),
+                        other_bytes=b("other"),
+                        fragment_bytes=b("fragment"),
+                        metered_packets=pk("ipv4") + pk("fragment") + pk("other"),
+                        red_packets=pk("red"),
+                    )
+                )
+        return out

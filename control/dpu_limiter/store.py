@@ -1,0 +1,101 @@
+"""Durable desired state in SQLite (WAL, synchronous=FULL): an acknowledged write survives a crash."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+
+from .models import Cap, DesiredState, Dpu, Pod, Role
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pods (name TEXT PRIMARY KEY, ipv4_prefixes TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS dpus (
+    name TEXT PRIMARY KEY, p4runtime_address TEXT NOT NULL, device_id INTEGER NOT NULL,
+    pod TEXT NOT NULL REFERENCES pods(name), role TEXT NOT NULL,
+    host_port INTEGER NOT NULL, uplink_port INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS caps (
+    pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
+    window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
+"""
+
+
+class Store:
+    """The desired state on disk; every method is one transaction."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    def _write(self, sql: str, params: tuple[object, ...]) -> int:
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute(sql, params)
+                gen = self._bump(cur)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            return gen
+
+    @staticmethod
+    def _bump(cur: sqlite3.Cursor) -> int:
+        row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+        gen = int(row[0]) + 1 if row else 1
+        cur.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('generation', ?)", (str(gen),))
+        return gen
+
+    def put_pod(self, pod: Pod) -> int:
+        """Insert or replace a pod; returns the new generation."""
+        return self._write(
+            "INSERT INTO pods(name, ipv4_prefixes) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET ipv4_prefixes=excluded.ipv4_prefixes",
+            (pod.name, json.dumps(list(pod.ipv4_prefixes))),
+        )
+
+    def add_dpu(self, dpu: Dpu) -> int:
+        """Insert a DPU (sqlite3.IntegrityError if the name exists)."""
+        return self._write(
+            "INSERT INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (dpu.name, dpu.p4runtime_address, dpu.device_id, dpu.pod, dpu.role.value, dpu.host_port, dpu.uplink_port),
+        )
+
+    def put_cap(self, pod: str, cap: Cap) -> int:
+        """Insert or replace a pod's cap."""
+        return self._write(
+            "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes) VALUES (?, ?, ?, ?, ?)",
+            (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes),
+        )
+
+    def load(self) -> DesiredState:
+        """Read the whole desired state."""
+        with self._lock:
+            cur = self._db.cursor()
+            state = DesiredState()
+            for name, prefixes in cur.execute("SELECT name, ipv4_prefixes FROM pods"):
+                state.pods[name] = Pod(name, tuple(json.loads(prefixes)))
+            for row in cur.execute(
+                "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port FROM dpus"
+            ):
+                state.dpus[row[0]] = Dpu(row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]))
+            for pod, e, i, w, b in cur.execute("SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes FROM caps"):
+                state.caps[pod] = Cap(e, i, w, int(b))
+            row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+            state.generation = int(row[0]) if row else 0
+            return state

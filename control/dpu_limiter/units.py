@@ -1,0 +1,103 @@
+"""Rate and burst conversions, in one place: bit/s at every user-facing edge, data-plane units below.
+
+The chain for a byte meter on bmv2 (and on the embedded target, which copies it):
+
+    user rate (bit/s)  --/8-->  P4Runtime MeterConfig cir/pir (bytes/s, int64)
+                       --PI: /1e6-->  bmv2 info_rate (bytes per microsecond, double)
+    user burst (bytes) --> P4Runtime cburst/pburst (int64) --PI: uint32--> bmv2 burst_size
+
+PI narrows bursts to 32 bits, so a burst of 4 GiB or more would silently wrap on bmv2: it is
+refused here instead. Rates are rounded to the nearest byte per second (at most 4 bit/s off).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_PI_BURST = (1 << 32) - 1
+MIN_DEFAULT_BURST = 16 * 1024
+DEFAULT_BURST_SECONDS = 0.1
+
+
+class UnitError(ValueError):
+    """A rate or burst the data plane cannot represent; the message names the field and value."""
+
+
+@dataclass(frozen=True)
+class MeterParams:
+    """A two-rate three-colour meter's P4Runtime configuration (bytes/s and bytes)."""
+
+    cir: int
+    cburst: int
+    pir: int
+    pburst: int
+
+
+def bps_to_bytes_per_s(rate_bps: float, field: str = "rate_bps") -> int:
+    """Bit/s to P4Runtime's bytes/s for a byte meter (rounded to nearest)."""
+    if not math.isfinite(rate_bps) or rate_bps < 0:
+        raise UnitError(f"{field}: must be a finite rate >= 0 bit/s, got {rate_bps!r}")
+    value = round(rate_bps / 8)
+    if value > (1 << 63) - 1:
+        raise UnitError(f"{field}: {rate_bps!r} bit/s does not fit P4Runtime's int64 bytes/s")
+    return value
+
+
+def bytes_per_s_to_bmv2_rate(bytes_per_s: int) -> float:
+    """P4Runtime bytes/s to bmv2's info_rate, bytes per microsecond (PI's conversion)."""
+    return bytes_per_s / 1_000_000.0
+
+
+def default_burst_bytes(rate_bps: float) -> int:
+    """Default meter depth: 100 ms at the rate, at least 16 KiB (several full frames)."""
+    return max(MIN_DEFAULT_BURST, math.ceil(rate_bps / 8 * DEFAULT_BURST_SECONDS))
+
+
+def check_burst(burst_bytes: int, field: str = "burst_bytes") -> int:
+    """Refuse bursts PI would truncate to 32 bits (and negative ones)."""
+    if burst_bytes < 0 or burst_bytes > MAX_PI_BURST:
+        raise UnitError(
+            f"{field}: {burst_bytes!r} bytes is outside 0..{MAX_PI_BURST} (P4Runtime-to-bmv2 meter bursts are 32-bit)"
+        )
+    return burst_bytes
+
+
+def cap_meter(rate_bps: float, burst_bytes: int, field: str = "rate_bps") -> MeterParams:
+    """Meter parameters that drop (red) exactly what exceeds `rate_bps` with a `burst_bytes` bucket.
+
+    Only red is dropped, so both buckets get the cap: CIR = PIR, CBS = PBS.
+    """
+    rate = bps_to_bytes_per_s(rate_bps, field)
+    burst = check_burst(burst_bytes)
+    return MeterParams(cir=rate, cburst=burst, pir=rate, pburst=burst)
+
+
+def allowed_window_bytes(rate_bps: float, window_s: float, burst_bytes: int) -> int:
+    """Most bytes a cap lets through in any window: rate x window plus the bucket depth."""
+    return math.floor(rate_bps / 8 * window_s) + burst_bytes
+
+
+_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text: str | float | int, field: str = "rate") -> float:
+    """Parse a rate in bit/s: a number, or with a k/M/G/T suffix (optionally 'bit/s', 'bps')."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        s = str(text).strip().lower().replace(" ", "")
+        for unit in ("bit/s", "bps", "b/s", "bit"):
+            if s.endswith(unit):
+                s = s[: -len(unit)]
+                break
+        mult = _SUFFIX.get(s[-1:]) if s and s[-1].isalpha() else 1
+        if mult is None:
+            raise UnitError(f"{field}: cannot parse rate {text!r} (use e.g. 20M, 1.5G, 1000000)")
+        try:
+            value = float(s[:-1] if s and s[-1].isalpha() else s) * mult
+        except ValueError:
+            raise UnitError(f"{field}: cannot parse rate {text!r} (use e.g. 20M, 1.5G, 1000000)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UnitError(f"{field}: rate must be > 0 bit/s, got {text!r}")
+    return value

@@ -1,0 +1,170 @@
+/*
+ * limiter.p4: the boundary limiter a DPU (or a pod uplink shaper) runs.
+ *
+ * A bump in the wire between a host-facing port and an uplink port. Which
+ * port forwards to which, and which meter/counter cell a crossing uses, are
+ * table entries the control plane installs: with no entries, nothing crosses
+ * (fail closed).
+ *
+ * Only IPv4 traffic whose source AND destination both fall in the prefixes
+ * of this DPU's pod is exempt from the cap, plus ARP. Everything else that
+ * crosses (IPv4 to or from other pods, IPv4 fragments, malformed IPv4, IPv6,
+ * VLAN-tagged frames, any other EtherType) is metered against the cap of the
+ * crossing's cell with a two-rate three-colour byte meter; red is dropped.
+ *
+ * Cells: the control plane gives each (subject, direction) a cell index,
+ * subject being the pod or node this device limits and direction egress
+ * (leaving the subject) or ingress (entering it). Counters are indexed
+ * cell * 8 + class and cell * 4 + colour.
+ */
+#include <core.p4>
+#include <v1model.p4>
+
+const bit<16> ETHERTYPE_IPV4 = 0x0800;
+const bit<16> ETHERTYPE_ARP  = 0x0806;
+
+// Traffic classes, the low 3 bits of a class_counter index.
+const bit<3> CLASS_INTRA    = 0;  // IPv4, source and destination in the pod: exempt
+const bit<3> CLASS_ARP      = 1;  // exempt
+const bit<3> CLASS_IPV4     = 2;  // any other well-formed, unfragmented IPv4: metered
+const bit<3> CLASS_FRAGMENT = 3;  // IPv4 fragments: metered
+const bit<3> CLASS_OTHER    = 4;  // malformed IPv4 and every non-IPv4 EtherType: metered
+
+#define MAX_CELLS 256
+
+header ethernet_t {
+    bit<48> dstAddr;
+    bit<48> srcAddr;
+    bit<16> etherType;
+}
+
+header ipv4_t {
+    bit<4>  version;
+    bit<4>  ihl;
+    bit<8>  diffserv;
+    bit<16> totalLen;
+    bit<16> identification;
+    bit<3>  flags;
+    bit<13> fragOffset;
+    bit<8>  ttl;
+    bit<8>  protocol;
+    bit<16> hdrChecksum;
+    bit<32> srcAddr;
+    bit<32> dstAddr;
+}
+
+struct headers_t {
+    ethernet_t ethernet;
+    ipv4_t     ipv4;
+}
+
+struct metadata_t {
+    bit<32> cell;
+    bit<3>  class;
+    bit<2>  color;
+}
+
+parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t standard_metadata) {
+    state start {
+        packet.extract(hdr.ethernet);
+        transition select(hdr.ethernet.etherType) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+    state parse_ipv4 {
+        packet.extract(hdr.ipv4);
+        transition accept;
+    }
+}
+
+control LimiterVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
+                       inout standard_metadata_t standard_metadata) {
+    counter(MAX_CELLS * 8, CounterType.packets_and_bytes) class_counter;
+    counter(MAX_CELLS * 4, CounterType.packets_and_bytes) color_counter;
+    meter(MAX_CELLS, MeterType.bytes) boundary_meter;
+
+    action drop() {
+        mark_to_drop(standard_metadata);
+    }
+
+    action cross(bit<9> port, bit<32> cell) {
+        standard_metadata.egress_spec = port;
+        meta.cell = cell;
+    }
+
+    // Which port a frame arriving on ingress_port leaves by, and its cell.
+    table boundary {
+        key = { standard_metadata.ingress_port: exact; }
+        actions = { cross; drop; }
+        default_action = drop();
+        size = 64;
+    }
+
+    table src_in_pod {
+        key = { hdr.ipv4.srcAddr: lpm; }
+        actions = { NoAction; }
+        default_action = NoAction();
+        size = 1024;
+    }
+
+    table dst_in_pod {
+        key = { hdr.ipv4.dstAddr: lpm; }
+        actions = { NoAction; }
+        default_action = NoAction();
+        size = 1024;
+    }
+
+    apply {
+        if (boundary.apply().hit) {
+            if (hdr.ethernet.etherType == ETHERTYPE_ARP) {
+                meta.class = CLASS_ARP;
+            } else if (hdr.ipv4.isValid() && hdr.ipv4.version == 4 && hdr.ipv4.ihl >= 5) {
+                if ((hdr.ipv4.flags & 1) != 0 || hdr.ipv4.fragOffset != 0) {
+                    meta.class = CLASS_FRAGMENT;
+                } else {
+                    meta.class = CLASS_IPV4;
+                    if (src_in_pod.apply().hit) {
+                        if (dst_in_pod.apply().hit) {
+                            meta.class = CLASS_INTRA;
+                        }
+                    }
+                }
+            } else {
+                meta.class = CLASS_OTHER;
+            }
+            class_counter.count((meta.cell << 3) | (bit<32>)meta.class);
+            if (meta.class != CLASS_INTRA && meta.class != CLASS_ARP) {
+                boundary_meter.execute_meter(meta.cell, meta.color);
+                color_counter.count((meta.cell << 2) | (bit<32>)meta.color);
+                if (meta.color == V1MODEL_METER_COLOR_RED) {
+                    mark_to_drop(standard_metadata);
+                }
+            }
+        }
+    }
+}
+
+control LimiterEgress(inout headers_t hdr, inout metadata_t meta,
+                      inout standard_metadata_t standard_metadata) {
+    apply { }
+}
+
+control LimiterComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+control LimiterDeparser(packet_out packet, in headers_t hdr) {
+    apply {
+        packet.emit(hdr.ethernet);
+        packet.emit(hdr.ipv4);
+    }
+}
+
+V1Switch(LimiterParser(), LimiterVerifyChecksum(), LimiterIngress(), LimiterEgress(),
+         LimiterComputeChecksum(), LimiterDeparser()) main;

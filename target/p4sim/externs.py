@@ -1,0 +1,170 @@
+"""Stateful P4 objects with bmv2's semantics: counters, meters (trTCM token arithmetic), registers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+# bmv2 meter colours (v1model V1MODEL_METER_COLOR_*).
+GREEN, YELLOW, RED = 0, 1, 2
+
+# PI hands bmv2 burst sizes as uint32 (pi_meter_spec_t): larger P4Runtime bursts wrap.
+PI_BURST_MASK = (1 << 32) - 1
+
+
+class Clock:
+    """Microseconds on a monotonic clock, counted from the clock's creation (bmv2's time origin)."""
+
+    def __init__(self) -> None:
+        self._origin = time.monotonic_ns()
+
+    def now_us(self) -> int:
+        """Microseconds since the origin."""
+        return (time.monotonic_ns() - self._origin) // 1000
+
+
+class CounterArray:
+    """An indexed packets-and-bytes counter array."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self.packets = [0] * size
+        self.bytes = [0] * size
+
+    def count(self, index: int, length: int) -> None:
+        """Count one packet of `length` bytes at `index` (out of range: ignored, as bmv2 logs and skips)."""
+        if 0 <= index < self.size:
+            self.packets[index] += 1
+            self.bytes[index] += length
+
+    def reset(self) -> None:
+        """Zero every cell."""
+        self.packets = [0] * self.size
+        self.bytes = [0] * self.size
+
+
+@dataclass(frozen=True)
+class MeterRate:
+    """One token bucket's configuration in bmv2 units: units per microsecond and burst units."""
+
+    info_rate: float
+    burst_size: int
+
+
+class Meter:
+    """One meter cell, executing bmv2's Meter::execute token arithmetic exactly.
+
+    bmv2 keeps the rates sorted from the highest colour down (PIR, then CIR); tokens are computed
+    against one time origin, not from the last update, to avoid accumulating rounding.
+    """
+
+    __slots__ = ("colors", "rates", "tokens", "tokens_last")
+
+    def __init__(self) -> None:
+        self.rates: tuple[MeterRate, ...] = ()
+        self.tokens: list[int] = []
+        self.tokens_last: list[int] = []
+        self.colors: tuple[int, ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        """Whether rates were set; an unconfigured bmv2 meter marks every packet green."""
+        return bool(self.rates)
+
+    def set_rates(self, cir_first: list[MeterRate]) -> None:
+        """Configure from rates ordered smallest first ({CIR, PIR}); buckets start full."""
+        for lo, hi in zip(cir_first, cir_first[1:], strict=False):
+            if lo.info_rate > hi.info_rate:
+                raise ValueError("meter rates must be non-decreasing (CIR <= PIR)")
+        # set_rate(idx) gives colour idx + 1, then bmv2 reverses the list.
+        colors = [i + 1 for i in range(len(cir_first))]
+        self.rates = tuple(reversed(cir_first))
+        self.colors = tuple(reversed(colors))
+        self.tokens = [r.burst_size for r in self.rates]
+        self.tokens_last = [0 for _ in self.rates]
+
+    def reset(self) -> None:
+        """Back to unconfigured."""
+        self.rates = ()
+        self.tokens = []
+        self.tokens_last = []
+        self.colors = ()
+
+    def execute(self, units: int, now_us: int) -> int:
+        """Colour of a packet of `units` bytes (or 1 packet) at time `now_us`."""
+        rates = self.rates
+        if not rates:
+            return GREEN
+        tokens = self.tokens
+        last = self.tokens_last
+        for i, rate in enumerate(rates):
+            since_init = int(now_us * rate.info_rate)
+            new_tokens = since_init - last[i]
+            last[i] = since_init
+            t = tokens[i] + new_tokens
+            if t > rate.burst_size:
+                t = rate.burst_size
+            if t < units:
+                tokens[i] = t
+                return self.colors[i]
+            tokens[i] = t - units
+        return GREEN
+
+
+class MeterArray:
+    """An indexed array of meters of one unit type (bytes or packets)."""
+
+    def __init__(self, name: str, size: int, rate_count: int, unit: str) -> None:
+        self.name = name
+        self.size = size
+        self.rate_count = rate_count
+        self.unit = unit
+        self.cells = [Meter() for _ in range(size)]
+
+    def execute(self, index: int, length: int, now_us: int) -> int:
+        """Execute the meter at `index` for a packet of `length` bytes."""
+        if not 0 <= index < self.size:
+            return GREEN
+        return self.cells[index].execute(length if self.unit == "bytes" else 1, now_us)
+
+    def set_p4runtime_config(self, index: int, cir: int, cburst: int, pir: int, pburst: int) -> None:
+        """Configure a cell from P4Runtime units (units per second, bursts), as PI converts them."""
+        self.cells[index].set_rates(
+            [
+                MeterRate(cir / 1_000_000.0, cburst & PI_BURST_MASK),
+                MeterRate(pir / 1_000_000.0, pburst & PI_BURST_MASK),
+            ]
+        )
+
+    def get_p4runtime_config(self, index: int) -> tuple[int, int, int, int] | None:
+        """The cell's (cir, cburst, pir, pburst) in P4Runtime units, or None when unconfigured."""
+        cell = self.cells[index]
+        if not cell.configured:
+            return None
+        pir_rate, cir_rate = cell.rates[0], cell.rates[-1]
+        return (
+            round(cir_rate.info_rate * 1_000_000),
+            cir_rate.burst_size,
+            round(pir_rate.info_rate * 1_000_000),
+            pir_rate.burst_size,
+        )
+
+
+class RegisterArray:
+    """An indexed register array of fixed bit width."""
+
+    def __init__(self, name: str, size: int, bitwidth: int) -> None:
+        self.name = name
+        self.size = size
+        self.mask = (1 << bitwidth) - 1
+        self.values = [0] * size
+
+    def read(self, index: int) -> int:
+        """Value at `index` (0 out of range, like bmv2 after its error log)."""
+        return self.values[index] if 0 <= index < self.size else 0
+
+    def write(self, index: int, value: int) -> None:
+        """Store `value` truncated to the register width."""
+        if 0 <= index < self.size:
+            self.values[index] = value & self.mask

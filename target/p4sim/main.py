@@ -1,0 +1,100 @@
+"""Command line of the embedded target, started the way simple_switch_grpc is.
+
+    p4sim --device-id 1 -i 0@veth0 -i 1@veth1 --no-p4 -- --grpc-server-addr 127.0.0.1:9559
+
+The `--` that simple_switch_grpc needs before its target options is accepted and ignored, so
+the lab builds one command line for either target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from finsy.proto import p4i, p4r
+from google.protobuf import text_format
+
+from .ports import RawPorts, parse_interface
+from .server import Device, add_to_server
+
+LOG = logging.getLogger("p4sim")
+
+
+def build_parser(prog: str = "p4sim") -> argparse.ArgumentParser:
+    """The argument parser, shared with `dpu-limiter target`."""
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="Embedded P4 target: runs compiled bmv2 JSON (v1model) and serves P4Runtime, "
+        "with simple_switch_grpc's command line.",
+    )
+    ap.add_argument("json", nargs="?", help="bmv2 JSON to load at start (needs --p4info); omit with --no-p4")
+    ap.add_argument(
+        "-i",
+        "--interface",
+        action="append",
+        default=[],
+        metavar="PORT@IFNAME",
+        help="attach port number PORT to interface IFNAME (repeatable)",
+    )
+    ap.add_argument("--device-id", type=int, default=0, help="P4Runtime device id (default 0, as bmv2)")
+    ap.add_argument(
+        "--grpc-server-addr", default="0.0.0.0:9559", help="P4Runtime listen address (default 0.0.0.0:9559)"
+    )
+    ap.add_argument("--no-p4", action="store_true", help="start with no pipeline; a controller sets it")
+    ap.add_argument("--p4info", type=Path, help="P4Info (text format) for a JSON given at start")
+    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return ap
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "p4sim") -> int:
+    """Run the target until SIGINT/SIGTERM."""
+    args_in = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
+    ap = build_parser(prog)
+    args = ap.parse_args(args_in)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s p4sim %(levelname)s %(message)s")
+    try:
+        interfaces = dict(parse_interface(spec) for spec in args.interface)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.json and not args.p4info:
+        ap.error("a JSON given at start needs --p4info (or use --no-p4 and let the controller set the pipeline)")
+    return asyncio.run(_serve(args, interfaces))
+
+
+async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
+    device = Device(args.device_id)
+    if args.json:
+        config = p4r.ForwardingPipelineConfig(p4_device_config=Path(args.json).read_bytes())
+        config.p4info.CopyFrom(text_format.Parse(args.p4info.read_text(), p4i.P4Info()))
+        device.pipeline = device.build_pipeline(config)
+    server = grpc.aio.server()
+    add_to_server(server, device)
+    try:
+        server.add_insecure_port(args.grpc_server_addr)
+    except RuntimeError as exc:
+        LOG.error("cannot listen on %s: %s", args.grpc_server_addr, exc)
+        return 1
+    ports = RawPorts(interfaces) if interfaces else None
+    await server.start()
+    if ports is not None:
+        ports.start(device.process)
+    LOG.info("serving P4Runtime on %s, device id %d, ports %s", args.grpc_server_addr, args.device_id, interfaces)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if ports is not None:
+        ports.close()
+    await server.stop(grace=0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

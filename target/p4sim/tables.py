@@ -1,0 +1,138 @@
+"""Match-action tables: exact, LPM, ternary, range and optional keys, with bmv2's lookup rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# One key field's match in an entry: exact -> value; lpm -> (value, prefix_len);
+# ternary -> (value, mask); range -> (low, high); optional -> value or None (wildcard).
+FieldMatch = Any
+
+
+@dataclass
+class Entry:
+    """One installed table entry."""
+
+    match: tuple[FieldMatch, ...]
+    action_id: int
+    action_data: list[int]
+    priority: int = 0
+    # Opaque per-entry state kept for P4Runtime (the canonical request entity, direct counters).
+    meta: dict[str, Any] = field(default_factory=dict)
+    packets: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class KeyField:
+    """A key field's match kind and bit width."""
+
+    match_type: str
+    bitwidth: int
+
+
+class Table:
+    """A table's entries and lookup; the lookup strategy follows the key's match kinds."""
+
+    def __init__(self, name: str, key: list[KeyField], size: int) -> None:
+        self.name = name
+        self.key = key
+        self.size = size
+        kinds = [k.match_type for k in key]
+        self._exact_only = all(k in ("exact", "valid") for k in kinds)
+        self._lpm_pos = kinds.index("lpm") if kinds.count("lpm") == 1 else -1
+        self._lpm_only = self._lpm_pos >= 0 and all(k in ("exact", "valid", "lpm") for k in kinds)
+        self.needs_priority = not (self._exact_only or self._lpm_only)
+        self.entries: dict[tuple[Any, ...], Entry] = {}
+        self._rebuild()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @staticmethod
+    def identity(match: tuple[FieldMatch, ...], priority: int) -> tuple[Any, ...]:
+        """The key that makes two entries the same entry (match and priority)."""
+        return (match, priority)
+
+    def insert(self, entry: Entry) -> None:
+        """Add an entry (the caller checked it is new and within size)."""
+        self.entries[self.identity(entry.match, entry.priority)] = entry
+        self._rebuild()
+
+    def remove(self, match: tuple[FieldMatch, ...], priority: int) -> Entry:
+        """Remove and return an entry."""
+        entry = self.entries.pop(self.identity(match, priority))
+        self._rebuild()
+        return entry
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        self.entries.clear()
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        # Lookup structures are rebuilt and swapped in whole, so that the packet thread
+        # always sees a consistent table while the control thread writes.
+        if self._exact_only:
+            exact = {e.match: e for e in self.entries.values()}
+            self.lookup: Callable[[tuple[int, ...]], Entry | None] = exact.get
+        elif self._lpm_only:
+            self.lookup = self._make_lpm_lookup()
+        else:
+            ordered = sorted(self.entries.values(), key=lambda e: -e.priority)
+            self.lookup = self._make_scan_lookup(ordered)
+
+    def _make_lpm_lookup(self) -> Callable[[tuple[int, ...]], Entry | None]:
+        pos = self._lpm_pos
+        width = self.key[pos].bitwidth
+        by_len: dict[int, dict[tuple[int, ...], Entry]] = {}
+        for e in self.entries.values():
+            value, plen = e.match[pos]
+            k = e.match[:pos] + (value,) + e.match[pos + 1 :]
+            by_len.setdefault(plen, {})[k] = e
+        levels = [
+            (((1 << width) - 1) ^ ((1 << (width - plen)) - 1), d) for plen, d in sorted(by_len.items(), reverse=True)
+        ]
+
+        def lookup(key: tuple[int, ...]) -> Entry | None:
+            head, v, tail = key[:pos], key[pos], key[pos + 1 :]
+            for mask, d in levels:
+                hit = d.get(head + (v & mask,) + tail)
+                if hit is not None:
+                    return hit
+            return None
+
+        return lookup
+
+    def _make_scan_lookup(self, ordered: list[Entry]) -> Callable[[tuple[int, ...]], Entry | None]:
+        kinds = [k.match_type for k in self.key]
+        widths = [k.bitwidth for k in self.key]
+
+        def matches(e: Entry, key: tuple[int, ...]) -> bool:
+            for kind, width, m, v in zip(kinds, widths, e.match, key, strict=True):
+                if kind in ("exact", "valid"):
+                    if v != m:
+                        return False
+                elif kind == "ternary":
+                    if v & m[1] != m[0]:
+                        return False
+                elif kind == "lpm":
+                    mask = ((1 << width) - 1) ^ ((1 << (width - m[1])) - 1)
+                    if v & mask != m[0]:
+                        return False
+                elif kind == "range":
+                    if not m[0] <= v <= m[1]:
+                        return False
+                elif kind == "optional" and m is not None and v != m:
+                    return False
+            return True
+
+        def lookup(key: tuple[int, ...]) -> Entry | None:
+            for e in ordered:
+                if matches(e, key):
+                    return e
+            return None
+
+        return lookup

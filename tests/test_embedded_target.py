@@ -1,0 +1,364 @@
+"""The embedded target: real P4Runtime over gRPC on loopback, limiter.p4's compiled JSON, real frames.
+
+Frames are injected through the target's packet path in process (no interfaces needed); the lab
+tests push the same frames through veth pairs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from finsy.proto import p4r, p4r_grpc
+from google.protobuf import text_format
+from scapy.layers.inet import IP, UDP, fragment
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Dot1Q, Ether
+from scapy.packet import Raw
+
+from conftest import BMV2_JSON, P4INFO, free_port
+from p4sim.server import Device, add_to_server
+
+A_HOST, B_HOST = "10.0.1.1", "10.0.2.1"
+
+
+def config() -> p4r.ForwardingPipelineConfig:
+    cfg = p4r.ForwardingPipelineConfig(p4_device_config=BMV2_JSON.read_bytes())
+    text_format.Parse(P4INFO.read_text(), cfg.p4info)
+    cfg.cookie.cookie = 42
+    return cfg
+
+
+@dataclass
+class Client:
+    """A raw P4Runtime client: one stream, one election id."""
+
+    stub: p4r_grpc.P4RuntimeStub
+    election_id: int
+    responses: asyncio.Queue[p4r.StreamMessageResponse]
+    requests: asyncio.Queue[p4r.StreamMessageRequest | None]
+    call: object
+
+    def eid(self) -> p4r.Uint128:
+        return p4r.Uint128(high=0, low=self.election_id)
+
+    async def write(self, *updates: p4r.Update) -> None:
+        await self.stub.Write(p4r.WriteRequest(device_id=1, election_id=self.eid(), updates=list(updates)))
+
+    async def read(self, *entities: p4r.Entity) -> list[p4r.Entity]:
+        out: list[p4r.Entity] = []
+        async for resp in self.stub.Read(p4r.ReadRequest(device_id=1, entities=list(entities))):
+            out.extend(resp.entities)
+        return out
+
+
+async def connect(channel: grpc.aio.Channel, election_id: int) -> Client:
+    stub = p4r_grpc.P4RuntimeStub(channel)  # type: ignore[no-untyped-call]
+    requests: asyncio.Queue[p4r.StreamMessageRequest | None] = asyncio.Queue()
+    responses: asyncio.Queue[p4r.StreamMessageResponse] = asyncio.Queue()
+
+    async def gen() -> AsyncIterator[p4r.StreamMessageRequest]:
+        while (item := await requests.get()) is not None:
+            yield item
+
+    call = stub.StreamChannel(gen())
+
+    async def pump() -> None:
+        async for msg in call:
+            responses.put_nowait(msg)
+
+    asyncio.get_running_loop().create_task(pump())
+    c = Client(stub, election_id, responses, requests, call)
+    req = p4r.StreamMessageRequest()
+    req.arbitration.device_id = 1
+    req.arbitration.election_id.CopyFrom(c.eid())
+    requests.put_nowait(req)
+    return c
+
+
+@pytest.fixture
+async def target() -> AsyncIterator[tuple[Device, grpc.aio.Channel]]:
+    device = Device(1)
+    server = grpc.aio.server()
+    add_to_server(server, device)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield device, channel
+    finally:
+        await channel.close()
+        await server.stop(grace=0)
+
+
+def table_entry(
+    pipeline_p4info: object,
+    table: str,
+    action: str,
+    match: dict[str, object],
+    params: dict[str, int],
+) -> p4r.Entity:
+    from finsy import P4Schema, P4TableAction, P4TableEntry, P4TableMatch
+
+    assert isinstance(pipeline_p4info, P4Schema)
+    return P4TableEntry(table, match=P4TableMatch(match), action=P4TableAction(action, **params)).encode(
+        pipeline_p4info
+    )
+
+
+def schema() -> object:
+    from finsy import P4Schema
+
+    return P4Schema(P4INFO, BMV2_JSON)
+
+
+def update(kind: int, entity: p4r.Entity) -> p4r.Update:
+    return p4r.Update(type=kind, entity=entity)  # type: ignore[arg-type]
+
+
+async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
+    """Pipeline, meter (both cells), exemption prefix of pod a, boundary 0<->1."""
+    from finsy import P4MeterConfig, P4MeterEntry
+
+    sch = schema()
+    await c.stub.SetForwardingPipelineConfig(
+        p4r.SetForwardingPipelineConfigRequest(
+            device_id=1,
+            election_id=c.eid(),
+            action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+            config=config(),
+        )
+    )
+    cfg = P4MeterConfig(cir=rate_bytes_s, cburst=burst, pir=rate_bytes_s, pburst=burst)
+    for cell in (0, 1):
+        await c.write(
+            update(p4r.Update.MODIFY, P4MeterEntry("LimiterIngress.boundary_meter", index=cell, config=cfg).encode(sch))
+        )  # type: ignore[arg-type]
+    ins = p4r.Update.INSERT
+    await c.write(
+        update(ins, table_entry(sch, "LimiterIngress.src_in_pod", "NoAction", {"hdr.ipv4.srcAddr": "10.0.1.0/24"}, {})),
+        update(ins, table_entry(sch, "LimiterIngress.dst_in_pod", "NoAction", {"hdr.ipv4.dstAddr": "10.0.1.0/24"}, {})),
+        update(
+            ins,
+            table_entry(
+                sch,
+                "LimiterIngress.boundary",
+                "LimiterIngress.cross",
+                {"standard_metadata.ingress_port": 0},
+                {"port": 1, "cell": 0},
+            ),
+        ),
+        update(
+            ins,
+            table_entry(
+                sch,
+                "LimiterIngress.boundary",
+                "LimiterIngress.cross",
+                {"standard_metadata.ingress_port": 1},
+                {"port": 0, "cell": 1},
+            ),
+        ),
+    )
+    return sch
+
+
+def udp(src: str, dst: str, size: int = 1000) -> bytes:
+    return bytes(
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+        / IP(src=src, dst=dst)
+        / UDP(sport=1000, dport=2000)
+        / Raw(b"x" * size)
+    )
+
+
+async def test_no_pipeline_forwards_nothing(target: tuple[Device, grpc.aio.Channel]) -> None:
+    device, _ = target
+    assert device.process(0, udp(A_HOST, B_HOST)) == []
+
+
+async def test_pipeline_without_entries_forwards_nothing(target: tuple[Device, grpc.aio.Channel]) -> None:
+    device, channel = target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    await c.stub.SetForwardingPipelineConfig(
+        p4r.SetForwardingPipelineConfigRequest(
+            device_id=1,
+            election_id=c.eid(),
+            action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+            config=config(),
+        )
+    )
+    assert device.process(0, udp(A_HOST, B_HOST)) == []
+    assert device.process(0, bytes(Ether() / ARP())) == []
+
+
+async def test_meter_caps_inter_pod_and_exempts_intra_pod(target: tuple[Device, grpc.aio.Channel]) -> None:
+    device, channel = target
+    c = await connect(channel, 5)
+    assert (await c.responses.get()).arbitration.status.code == 0  # primary
+    await program_limiter(c, rate_bytes_s=1, burst=3000)  # 1 B/s: only the 3000-byte bucket passes
+    frame = udp(A_HOST, B_HOST, 1000)  # 1042 bytes on the wire
+    out = [device.process(0, frame) for _ in range(4)]
+    assert [len(o) for o in out] == [1, 1, 0, 0]  # 2 x 1042 <= 3000 < 3 x 1042
+    assert out[0] == [(1, frame)]  # forwarded unchanged to the uplink
+    intra = udp(A_HOST, "10.0.1.7", 1000)
+    assert all(device.process(0, intra) == [(1, intra)] for _ in range(10))  # exempt
+    arp = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=A_HOST, pdst="10.0.1.254"))
+    assert device.process(0, arp) == [(1, arp)]
+    # Ingress direction has its own cell, with its own full bucket.
+    back = udp(B_HOST, A_HOST, 1000)
+    assert [len(device.process(1, back)) for _ in range(3)] == [1, 1, 0]
+
+
+async def test_everything_unclassified_is_metered_and_counted(target: tuple[Device, grpc.aio.Channel]) -> None:
+    from finsy import P4CounterEntry
+
+    device, channel = target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    sch = await program_limiter(c, rate_bytes_s=0, burst=0)  # the floor: nothing metered passes
+    intra_v6 = bytes(Ether() / IPv6(src="fd00::1", dst="fd00::2") / UDP() / Raw(b"x" * 100))
+    vlan = bytes(Ether() / Dot1Q(vlan=5) / IP(src=A_HOST, dst="10.0.1.7") / UDP() / Raw(b"x" * 100))
+    frags = [bytes(Ether() / f) for f in fragment(IP(src=A_HOST, dst="10.0.1.7") / UDP() / Raw(b"y" * 3000), 1000)]
+    bad_version = bytes(Ether() / IP(src=A_HOST, dst="10.0.1.7", version=6) / UDP())
+    truncated = bytes(Ether(type=0x0800) / Raw(b"\x45\x00\x00"))
+    for frame in [intra_v6, vlan, *frags, bad_version, truncated]:
+        assert device.process(0, frame) == [], frame.hex()
+    counts = {}
+    for ent in await c.read(
+        *(
+            P4CounterEntry("LimiterIngress.class_counter", index=i).encode(sch)  # type: ignore[arg-type]
+            for i in range(8)
+        )
+    ):
+        counts[ent.counter_entry.index.index] = ent.counter_entry.data.packet_count
+    assert counts[0] == 0  # nothing exempt
+    assert counts[3] == len(frags)  # fragments, even intra-pod ones
+    assert counts[4] == 4  # IPv6, VLAN, bad version, truncated: "other"
+    red = [
+        e.counter_entry.data.packet_count
+        for e in await c.read(P4CounterEntry("LimiterIngress.color_counter", index=2).encode(sch))
+    ]  # type: ignore[arg-type]
+    assert red == [len(frags) + 4]
+
+
+async def test_p4runtime_write_rules(target: tuple[Device, grpc.aio.Channel]) -> None:
+    _, channel = target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    sch = await program_limiter(c, 1000, 3000)
+    entry = table_entry(
+        sch,
+        "LimiterIngress.boundary",
+        "LimiterIngress.cross",
+        {"standard_metadata.ingress_port": 0},
+        {"port": 1, "cell": 0},
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.write(update(p4r.Update.INSERT, entry))
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
+    assert _detail_codes(err.value) == [grpc.StatusCode.ALREADY_EXISTS.value[0]]
+    missing = table_entry(
+        sch,
+        "LimiterIngress.boundary",
+        "LimiterIngress.cross",
+        {"standard_metadata.ingress_port": 7},
+        {"port": 1, "cell": 0},
+    )
+    ok = table_entry(
+        sch,
+        "LimiterIngress.boundary",
+        "LimiterIngress.cross",
+        {"standard_metadata.ingress_port": 9},
+        {"port": 1, "cell": 0},
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.write(update(p4r.Update.DELETE, missing), update(p4r.Update.INSERT, ok))
+    # Per-update errors in order: the failed delete does not stop the insert after it.
+    assert _detail_codes(err.value) == [grpc.StatusCode.NOT_FOUND.value[0], 0]
+    read = await c.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=entry.table_entry.table_id)))
+    assert len(read) == 3
+    pipeline = await c.stub.GetForwardingPipelineConfig(
+        p4r.GetForwardingPipelineConfigRequest(
+            device_id=1, response_type=p4r.GetForwardingPipelineConfigRequest.COOKIE_ONLY
+        )
+    )
+    assert pipeline.config.cookie.cookie == 42 and not pipeline.config.HasField("p4info")
+
+
+async def test_arbitration_primary_and_backup(target: tuple[Device, grpc.aio.Channel]) -> None:
+    _, channel = target
+    low = await connect(channel, 5)
+    assert (await low.responses.get()).arbitration.status.code == 0
+    high = await connect(channel, 9)
+    assert (await high.responses.get()).arbitration.status.code == 0
+    demoted = await low.responses.get()  # the old primary hears of the new one
+    assert demoted.arbitration.status.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
+    assert demoted.arbitration.election_id.low == 9
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await low.stub.SetForwardingPipelineConfig(
+            p4r.SetForwardingPipelineConfigRequest(
+                device_id=1,
+                election_id=low.eid(),
+                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+                config=config(),
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    dup = await connect(channel, 9)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in dup.call:  # type: ignore[attr-defined]
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    high.requests.put_nowait(None)  # the primary leaves: the backup is promoted
+    promoted = await low.responses.get()
+    assert promoted.arbitration.status.code == 0
+
+
+async def test_invalid_pipeline_is_refused_with_a_clear_error(target: tuple[Device, grpc.aio.Channel]) -> None:
+    _, channel = target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    bad = config()
+    bad.p4_device_config = b'{"header_types": [], "headers": [], "parsers": [], "pipelines": []}'
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.stub.SetForwardingPipelineConfig(
+            p4r.SetForwardingPipelineConfigRequest(
+                device_id=1,
+                election_id=c.eid(),
+                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+                config=bad,
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "standard_metadata" in (err.value.details() or "")
+    bad.p4_device_config = b"not json"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.stub.SetForwardingPipelineConfig(
+            p4r.SetForwardingPipelineConfigRequest(
+                device_id=1,
+                election_id=c.eid(),
+                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+                config=bad,
+            )
+        )
+    assert "not valid JSON" in (err.value.details() or "")
+
+
+def _detail_codes(err: grpc.aio.AioRpcError) -> list[int]:
+    from finsy.proto import rpc_status
+
+    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
+        if key == "grpc-status-details-bin":
+            status = rpc_status.Status.FromString(value)
+            codes = []
+            for d in status.details:
+                e = p4r.Error()
+                d.Unpack(e)
+                codes.append(e.canonical_code)
+            return codes
+    raise AssertionError("no status details")

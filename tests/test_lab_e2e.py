@@ -1,0 +1,69 @@
+"""The lab end to end, as a user runs it: `dpu-limiter lab run SCENARIO --out DIR`, on real namespaces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, can_netns
+
+pytestmark = pytest.mark.netns
+SMOKE = ROOT / "bmv2-lab" / "scenarios" / "smoke.yaml"
+
+
+def run_lab(tmp_path: Path, target: str) -> dict:  # type: ignore[type-arg]
+    out = tmp_path / target
+    res = subprocess.run(
+        [sys.executable, "-m", "dpu_limiter.cli", "lab", "run", str(SMOKE), "--out", str(out), "--target", target],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name in ("report.json", "throughput.png", "summary.md"):
+        assert (out / name).is_file(), name
+    return json.loads((out / "report.json").read_text())
+
+
+def check_report(report: dict, target: str) -> None:  # type: ignore[type-arg]
+    assert report["scenario"] == "smoke" and report["target"] == target
+    assert {(r["pod"], r["direction"]) for r in report["results"]} == {
+        ("a", "egress"),
+        ("a", "ingress"),
+        ("b", "egress"),
+        ("b", "ingress"),
+    }
+    for r in report["results"]:
+        assert r["compliant"], r
+        assert r["max_window_bytes"] <= r["allowed_window_bytes"]
+    flows = {f["name"]: f for f in report["flows"]}
+    cap = 8e6
+    assert flows["udp-a-to-b"]["delivered_bps"] >= 0.9 * cap
+    assert flows["udp-a-to-b"]["delivered_bps"] <= 1.1 * cap + 8 * 1e6 / 8  # cap plus at most the burst
+    assert flows["tcp-b-to-a"]["delivered_bps"] >= 0.6 * cap
+    assert flows["udp-a-to-b-below-cap"]["loss_ratio"] < 0.01
+
+
+def test_lab_smoke_embedded(tmp_path: Path) -> None:
+    if reason := can_netns():
+        pytest.skip(reason)
+    check_report(run_lab(tmp_path, "embedded"), "embedded")
+    assert not [
+        ns
+        for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if ns.startswith("dl")
+    ], "the lab left namespaces behind"
+
+
+@pytest.mark.bmv2
+def test_lab_smoke_bmv2(tmp_path: Path) -> None:
+    if reason := can_netns():
+        pytest.skip(reason)
+    if shutil.which("simple_switch_grpc") is None:
+        pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
+    check_report(run_lab(tmp_path, "bmv2"), "bmv2")

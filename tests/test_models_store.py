@@ -1,0 +1,86 @@
+"""Validation names the field and value; the store keeps acknowledged state across reopen."""
+
+from pathlib import Path
+
+import pytest
+from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_address
+from dpu_limiter.store import Store
+
+
+def test_pod_prefixes_are_normalised_and_checked() -> None:
+    pod = Pod.validated("a", ["10.0.2.0/24", "10.0.1.0/24", "10.0.1.0/24"])
+    assert pod.ipv4_prefixes == ("10.0.1.0/24", "10.0.2.0/24")
+    with pytest.raises(InvalidArgument, match=r"pod.ipv4_prefixes\[0\].*10.0.1.1/24"):
+        Pod.validated("a", ["10.0.1.1/24"])  # host bits set
+    with pytest.raises(InvalidArgument, match="pod.name"):
+        Pod.validated("Bad Name", ["10.0.1.0/24"])
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("cap.egress_bps", {"egress_bps": 0.0}),
+        ("cap.egress_bps", {"egress_bps": -5.0}),
+        ("cap.ingress_bps", {"ingress_bps": float("inf")}),
+        ("cap.window_s", {"window_s": 0.0}),
+        ("cap.burst_bytes", {"burst_bytes": 1 << 33}),
+    ],
+)
+def test_cap_errors_name_the_field(field: str, kwargs: dict[str, float]) -> None:
+    base = {"egress_bps": 1e9, "ingress_bps": 1e9, "window_s": 60.0, "burst_bytes": 0}
+    base.update(kwargs)
+    with pytest.raises(InvalidArgument) as err:
+        Cap.validated(Cap(**base))  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert repr(kwargs[next(iter(kwargs))]) in str(err.value)
+
+
+def test_cap_default_burst() -> None:
+    assert Cap.validated(Cap(1e9, 1e9, 60)).burst_bytes == 12_500_000
+
+
+@pytest.mark.parametrize(
+    "addr", ["localhost", "1.2.3.4", "1.2.3.4:0", "1.2.3.4:70000", "300.1.1.1:9559", "[::1:9559", "a b:1"]
+)
+def test_malformed_addresses(addr: str) -> None:
+    with pytest.raises(InvalidArgument, match="dpu.p4runtime_address"):
+        check_address("dpu.p4runtime_address", addr)
+
+
+def test_good_addresses() -> None:
+    for addr in ("127.0.0.1:9559", "dpu-7.rack3:9559", "[::1]:50051"):
+        assert check_address("x", addr) == addr
+
+
+def test_dpu_ports() -> None:
+    with pytest.raises(InvalidArgument, match="dpu.uplink_port"):
+        Dpu.validated(Dpu("d", "127.0.0.1:1", 1, "a", Role.POD_UPLINK, 0, 0))
+    with pytest.raises(InvalidArgument, match="dpu.host_port"):
+        Dpu.validated(Dpu("d", "127.0.0.1:1", 1, "a", Role.POD_UPLINK, 511, 0))
+
+
+def test_store_round_trip_and_durability(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    s = Store(db)
+    s.put_pod(Pod("a", ("10.0.1.0/24",)))
+    s.add_dpu(Dpu("dpu-a", "127.0.0.1:9559", 1, "a"))
+    gen = s.put_cap("a", Cap(20e6, 10e6, 10.0, 2_500_000))
+    s.close()
+    state = Store(db).load()
+    assert state.generation == gen == 3
+    assert state.pods["a"].ipv4_prefixes == ("10.0.1.0/24",)
+    assert state.dpus["dpu-a"].p4runtime_address == "127.0.0.1:9559"
+    assert state.caps["a"] == Cap(20e6, 10e6, 10.0, 2_500_000)
+
+
+def test_store_refuses_duplicates_without_losing_state(tmp_path: Path) -> None:
+    import sqlite3
+
+    s = Store(tmp_path / "s.db")
+    s.put_pod(Pod("a", ("10.0.1.0/24",)))
+    s.add_dpu(Dpu("dpu-a", "127.0.0.1:9559", 1, "a"))
+    with pytest.raises(sqlite3.IntegrityError):
+        s.add_dpu(Dpu("dpu-a", "127.0.0.1:9560", 2, "a"))
+    state = s.load()
+    assert list(state.dpus) == ["dpu-a"] and state.dpus["dpu-a"].device_id == 1
+    assert state.generation == 2

@@ -1,0 +1,146 @@
+"""p4runtime-shell, the standard P4Runtime client, programs and reads the embedded target (p4sim).
+
+p4runtime-shell needs protobuf<3.21, so it runs in its own venv (tests/p4rt_shell/env.sh) as a
+subprocess: tests/p4rt_shell/drive.py does the P4Runtime work and writes what it read as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVE = ROOT / "tests" / "p4rt_shell" / "drive.py"
+P4INFO = ROOT / "p4" / "limiter.p4info.txtpb"
+BMV2_JSON = ROOT / "p4" / "limiter.json"
+METER_CONFIG = {"cir": 2_500_000, "cburst": 250_000, "pir": 2_500_000, "pburst": 250_000}
+
+
+def shell_python_path() -> Path:
+    """The p4runtime-shell venv's interpreter: $DPU_P4RT_SHELL_PYTHON, else <repo>/.venv-p4rt-shell."""
+    env = os.environ.get("DPU_P4RT_SHELL_PYTHON")
+    return Path(env) if env else ROOT / ".venv-p4rt-shell" / "bin" / "python"
+
+
+@pytest.fixture
+def shell_python() -> Path:
+    """The shell's interpreter, or skip (before the target is started) when it is not there."""
+    python = shell_python_path()
+    if not python.exists():
+        pytest.skip(f"p4runtime-shell environment not found at {python}; create it with tests/p4rt_shell/env.sh")
+    return python
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"target exited with {proc.returncode} before listening:\n{log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"target not listening on 127.0.0.1:{port} after {timeout} s:\n{log.read_text()}")
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The embedded target with no pipeline, on a free loopback port: (address, its log file)."""
+    port = _free_port()
+    log = tmp_path / "target.log"
+    with log.open("wb") as log_fh:  # a file, not a pipe: nobody drains a pipe while drive.py runs
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "p4sim.main",
+                "--device-id",
+                "1",
+                "--no-p4",
+                "--",
+                "--grpc-server-addr",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    try:
+        _wait_listening(port, proc, log)
+        yield f"127.0.0.1:{port}", log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.p4rt_shell
+def test_p4runtime_shell_programs_and_reads_target(
+    shell_python: Path, target: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Pipeline, table entry, meter and counter through p4runtime-shell, each read back as written."""
+    for path in (P4INFO, BMV2_JSON):
+        assert path.is_file(), f"compiled program {path.relative_to(ROOT)} missing; compile p4/limiter.p4"
+    addr, target_log = target
+    out = tmp_path / "result.json"
+    # The shell's venv must not see the project's packages (protobuf 6) through the environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    proc = subprocess.run(
+        [
+            str(shell_python),
+            str(DRIVE),
+            "--addr",
+            addr,
+            "--device-id",
+            "1",
+            "--p4info",
+            str(P4INFO),
+            "--json",
+            str(BMV2_JSON),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"drive.py exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+            f"\n--- target log\n{target_log.read_text()}"
+        )
+    result: dict[str, Any] = json.loads(out.read_text())
+
+    entries = result["table_entries"]
+    assert len(entries) == 1, entries
+    assert entries[0]["table"] == "LimiterIngress.boundary"
+    assert entries[0]["match"] == {"standard_metadata.ingress_port": 0}
+    assert entries[0]["action"] == {"name": "LimiterIngress.cross", "params": {"port": 1, "cell": 0}}
+    assert entries[0]["priority"] == 0 and entries[0]["is_default_action"] is False
+    assert result["meter_entries"] == [
+        {"meter": "LimiterIngress.boundary_meter", "index": 0, "config": {**METER_CONFIG, "eburst": 0}}
+    ]
+    assert result["counter_entries"] == [
+        {"counter": "LimiterIngress.class_counter", "index": 0, "data": {"byte_count": 0, "packet_count": 0}}
+    ]

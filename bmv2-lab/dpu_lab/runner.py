@@ -309,7 +309,7 @@ class LabRun:
                 )
                 if len(bins):
                     times, bps = measure.throughput_series(t0, bin_s, list(bins))
-                    plot[(pod.name, direction)] = (times + (t0 - t_start), bps)
+                    plot[(pod.name, direction)] = (times - t_start, bps)
         report = Report(
             scenario=self.scenario.name,
             target=self.target,

@@ -48,7 +48,7 @@ def dpu(name: str = "dpu-a", pod: str = "a", addr: str = "127.0.0.1:1", device_i
 async def test_bad_input_names_field_and_value_and_stores_nothing(
     cp: tuple[ControlPlane, LimiterClient],
 ) -> None:
-    plane, c = cp
+    _, c = cp
     await c.apply_pod("a", ["10.0.1.0/24"])
     await c.register_dpu(dpu())
     await c.set_pod_cap("a", 20e6, 20e6, 10.0, 100_000)

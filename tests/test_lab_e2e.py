@@ -47,6 +47,10 @@ def check_report(report: dict, target: str) -> None:  # type: ignore[type-arg]
     assert flows["udp-a-to-b"]["delivered_bps"] <= 1.1 * cap + 8 * 1e6 / 8  # cap plus at most the burst
     assert flows["tcp-b-to-a"]["delivered_bps"] >= 0.6 * cap
     assert flows["udp-a-to-b-below-cap"]["loss_ratio"] < 0.01
+    # The DPUs' own counters agree that pod a's egress was policed (red) and b's ingress was not.
+    counters = {(u["pod"], u["direction"]): u for u in report["dpu_counters"]}
+    assert int(counters[("a", "egress")]["red_bytes"]) > 0
+    assert int(counters[("a", "egress")]["metered_bytes"]) > int(counters[("b", "ingress")]["metered_bytes"]) > 0
 
 
 def test_lab_smoke_embedded(tmp_path: Path) -> None:

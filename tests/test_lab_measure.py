@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from dpu_lab.measure import delivered_bps, max_window_bytes, merge_series, throughput_series
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from dpu_lab.report import Flow, Phase, Report, Result, load_report, write_report
 
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import dpu_lab
 import pytest
+
+import dpu_lab
 from dpu_lab.capture import frame_wire_bytes, load_capture, source_key
 from dpu_lab.traffic import wire_bytes_udp
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_address
 from dpu_limiter.store import Store
 

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from dpu_limiter.units import (
     MAX_PI_BURST,
     UnitError,

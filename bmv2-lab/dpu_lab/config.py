@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from dpu_limiter.models import NAME_RE
 from dpu_limiter.units import UnitError, parse_rate
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):

@@ -106,6 +106,9 @@ class Report:
     results: list[Result]
     flows: list[Flow]
     phases: list[Phase] = field(default_factory=list)
+    # The DPUs' own counters at the end of the run (control plane's GetUsage): the limiter's view,
+    # for comparison with the receiver-side figures above, which are what compliance is judged on.
+    dpu_counters: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -129,6 +132,7 @@ class Report:
             results=[Result(**r) for r in data["results"]],
             flows=[Flow(**f) for f in data["flows"]],
             phases=[Phase(**p) for p in data.get("phases", [])],
+            dpu_counters=list(data.get("dpu_counters", [])),
         )
 
 
@@ -210,5 +214,18 @@ def summary_markdown(report: Report) -> str:
         f"| {_mbit(f.delivered_bps)} | {f.loss_ratio * 100:.2f} |"
         for f in report.flows
     ]
+    if report.dpu_counters:
+        lines += [
+            "",
+            "## The DPUs' own counters (not used for compliance)",
+            "",
+            "| pod | direction | exempt bytes | metered bytes | green bytes | red bytes (dropped) |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {u['pod']} | {u['direction']} | {u.get('exempt_bytes', 0)} | {u.get('metered_bytes', 0)} "
+            f"| {u.get('green_bytes', 0)} | {u.get('red_bytes', 0)} |"
+            for u in report.dpu_counters
+        ]
     lines += ["", f"Cap held: {'yes' if report.cap_held else 'no'}", ""]
     return "\n".join(lines)

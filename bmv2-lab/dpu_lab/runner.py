@@ -18,9 +18,10 @@ from pathlib import Path
 from types import FrameType
 
 import numpy as np
+from rich.console import Console
+
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from rich.console import Console
 
 from . import measure
 from .capture import load_capture
@@ -53,6 +54,7 @@ class LabRun:
     targets: list[TargetProcess] = field(default_factory=list)
     procs: list[_Proc] = field(default_factory=list)
     control: subprocess.Popen[bytes] | None = None
+    api: str = ""
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -78,8 +80,8 @@ class LabRun:
         for i, lim in enumerate(self.net.limiters):
             self.targets.append(start_target(lim.name, self.target, i + 1, {0: lim.host_if, 1: lim.uplink_if}, logs))
         self._say(f"{len(self.targets)} {self.target} targets up")
-        api = self._start_control_plane()
-        asyncio.run(self._configure(api))
+        self.api = self._start_control_plane()
+        asyncio.run(self._configure(self.api))
         self._say("caps applied through the control plane; every DPU converged (read back)")
         captures = self._start_captures()
         t_start = time.time()
@@ -97,6 +99,7 @@ class LabRun:
             self._wait(c, timeout=15)
         duration = sum(ph.duration_s for ph in sc.phases)
         report, series = self._evaluate(captures, phases, flow_results, t_start, duration)
+        report.dpu_counters = asyncio.run(self._dpu_counters(self.api))
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")
@@ -150,6 +153,16 @@ class LabRun:
             for cap in sc.caps:
                 await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes)
             await client.wait_converged(timeout=60)
+
+    async def _dpu_counters(self, addr: str) -> list[dict[str, object]]:
+        from google.protobuf import json_format
+
+        async with LimiterClient(addr) as client:
+            usage = await client.usage()
+        return [
+            json_format.MessageToDict(u, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for u in usage.usage
+        ]
 
     # ------------------------------------------------------------------ traffic
 

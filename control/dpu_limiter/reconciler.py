@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import finsy as fy
 from finsy.p4client import P4ClientError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from . import dataplane as dp
 from .models import Dpu
@@ -130,7 +130,7 @@ class DpuAgent:
     async def _reconcile_with_retries(self, sw: fy.Switch) -> None:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type((P4ClientError, DriftError)),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            wait=wait_random_exponential(multiplier=0.05, max=2.0),
             stop=stop_after_attempt(4),
             reraise=True,
         ):
@@ -174,7 +174,8 @@ class DpuAgent:
         sw = self.switch
         cells: dict[tuple[str, int], tuple[int, int]] = {}
         async for c in sw.read(dp.usage_reads()):  # type: ignore[attr-defined]
-            cells[(c.counter_id, c.index or 0)] = (c.packet_count, c.byte_count)
+            name = sw.p4info.counters[c.counter_id].name  # finsy decodes to the alias
+            cells[(name, c.index or 0)] = (c.packet_count, c.byte_count)
         out: dict[str, dict[str, tuple[int, int]]] = {}
         for direction, cell in dp.CELLS.items():
             d: dict[str, tuple[int, int]] = {}

@@ -1,0 +1,133 @@
+"""The control plane programs a real embedded target over P4Runtime and keeps it converged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from finsy.proto import p4r
+
+from conftest import free_port, wait_port
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.server import ControlPlane
+from p4rt_helpers import connect, table_entry
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class TargetProc:
+    """An embedded target process that can be killed and restarted on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "p4sim.main",
+                "--device-id",
+                "1",
+                "--no-p4",
+                "--",
+                "--grpc-server-addr",
+                f"127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port, self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def target() -> Iterator[TargetProc]:
+    t = TargetProc()
+    t.start()
+    try:
+        yield t
+    finally:
+        t.kill()
+
+
+async def _entries(channel: grpc.aio.Channel) -> list[p4r.Entity]:
+    c = await connect(channel, 3)
+    await c.responses.get()
+    return await c.read(p4r.Entity(table_entry=p4r.TableEntry()))
+
+
+async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: TargetProc) -> None:
+    from finsy import P4MeterEntry, P4Schema
+
+    from conftest import BMV2_JSON, P4INFO
+
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    addr = f"127.0.0.1:{target.port}"
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24", "10.0.3.0/24"])
+            await c.register_dpu(
+                pb.Dpu(
+                    name="dpu-a",
+                    p4runtime_address=addr,
+                    device_id=1,
+                    pod="a",
+                    role=pb.DPU_ROLE_POD_UPLINK,
+                    host_port=0,
+                    uplink_port=1,
+                )
+            )
+            await c.set_pod_cap("a", 20e6, 10e6, 10.0, 50_000)
+            await c.wait_converged(timeout=30)
+            async with grpc.aio.insecure_channel(addr) as channel:
+                entries = await _entries(channel)
+                assert len(entries) == 2 + 2 * 2  # two crossings, two prefixes in each of two tables
+                sch = P4Schema(P4INFO, BMV2_JSON)
+                probe = await connect(channel, 4)
+                await probe.responses.get()
+                meters = await probe.read(P4MeterEntry("LimiterIngress.boundary_meter", index=1).encode(sch))
+                cfg = meters[0].meter_entry.config
+                assert (cfg.cir, cfg.cburst, cfg.pir, cfg.pburst) == (1_250_000, 50_000, 1_250_000, 50_000)
+                # The operator's controller (a lower election id) is a backup: it cannot write.
+                rogue = table_entry(
+                    sch,
+                    "LimiterIngress.boundary",
+                    "LimiterIngress.cross",
+                    {"standard_metadata.ingress_port": 5},
+                    {"port": 1, "cell": 0},
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await probe.write(p4r.Update(type=p4r.Update.INSERT, entity=rogue))
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+            # The DPU restarts with nothing: the control plane puts pipeline, entries and meters back.
+            target.kill()
+            target.start()
+            await c.wait_converged(timeout=60)
+            async with grpc.aio.insecure_channel(addr) as channel:
+                assert len(await _entries(channel)) == 6
+
+            # A cap change is pushed; an exemption prefix removed from the pod disappears from the DPU.
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await c.set_pod_cap("a", 40e6, 40e6, 10.0, 50_000)
+            await c.wait_converged(timeout=30)
+            async with grpc.aio.insecure_channel(addr) as channel:
+                assert len(await _entries(channel)) == 4
+            usage = await c.usage("a")
+            assert {(u.pod, u.direction) for u in usage.usage} == {("a", "egress"), ("a", "ingress")}
+            assert all(u.metered_bytes == 0 for u in usage.usage)
+    finally:
+        await plane.stop()

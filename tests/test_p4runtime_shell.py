@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import BMV2_JSON, P4INFO, ROOT, free_port
+
 DRIVE = ROOT / "tests" / "p4rt_shell" / "drive.py"
-P4INFO = ROOT / "p4" / "limiter.p4info.txtpb"
-BMV2_JSON = ROOT / "p4" / "limiter.json"
 METER_CONFIG = {"cir": 2_500_000, "cburst": 250_000, "pir": 2_500_000, "pburst": 250_000}
 
 
@@ -40,12 +39,6 @@ def shell_python() -> Path:
     return python
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -62,7 +55,7 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout
 @pytest.fixture
 def target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """The embedded target with no pipeline, on a free loopback port: (address, its log file)."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "target.log"
     with log.open("wb") as log_fh:  # a file, not a pipe: nobody drains a pipe while drive.py runs
         proc = subprocess.Popen(

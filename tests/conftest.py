@@ -8,10 +8,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+
+from p4sim.server import Device, add_to_server
 
 ROOT = Path(__file__).resolve().parent.parent
 P4INFO = ROOT / "p4" / "limiter.p4info.txtpb"
@@ -48,28 +51,67 @@ def can_netns() -> str | None:
     return None
 
 
-@pytest.fixture
-def embedded_target() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """An embedded target process with no pipeline and no ports, serving P4Runtime on loopback."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "p4sim.main",
-            "--device-id",
-            "1",
-            "--no-p4",
-            "--",
-            "--grpc-server-addr",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def start_embedded(port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The embedded target as a process with no pipeline, serving P4Runtime on 127.0.0.1:port."""
+    with log.open("ab") as out:  # a file, not a pipe: nobody drains a pipe while a test runs
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "p4sim.main",
+                "--device-id",
+                "1",
+                "--no-p4",
+                "--",
+                "--grpc-server-addr",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_port(port, proc)
-        yield f"127.0.0.1:{port}", proc
-    finally:
+    except (RuntimeError, TimeoutError) as exc:
+        stop(proc)
+        raise RuntimeError(f"{exc}\n--- target log\n{log.read_text()}") from None
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate a process this test started (by its handle), killing it if it lingers."""
+    if proc.poll() is None:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def embedded_target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """An embedded target process on a free loopback port: (address, its log file)."""
+    port = free_port()
+    log = tmp_path / "target.log"
+    proc = start_embedded(port, log)
+    try:
+        yield f"127.0.0.1:{port}", log
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+async def in_process_target() -> AsyncIterator[tuple[Device, grpc.aio.Channel]]:
+    """The embedded target in this process (frames go in through Device.process) and a channel to it."""
+    device = Device(1)
+    server = grpc.aio.server()
+    add_to_server(server, device)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield device, channel
+    finally:
+        await channel.close()
+        await server.stop(grace=0)

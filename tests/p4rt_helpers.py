@@ -42,6 +42,16 @@ class Client:
     async def write(self, *updates: p4r.Update) -> None:
         await self.stub.Write(p4r.WriteRequest(device_id=1, election_id=self.eid(), updates=list(updates)))
 
+    async def set_pipeline(self, cfg: p4r.ForwardingPipelineConfig) -> None:
+        await self.stub.SetForwardingPipelineConfig(
+            p4r.SetForwardingPipelineConfigRequest(
+                device_id=1,
+                election_id=self.eid(),
+                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+                config=cfg,
+            )
+        )
+
     async def read(self, *entities: p4r.Entity) -> list[p4r.Entity]:
         out: list[p4r.Entity] = []
         async for resp in self.stub.Read(p4r.ReadRequest(device_id=1, entities=list(entities))):
@@ -103,14 +113,7 @@ async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
     from finsy import P4MeterConfig, P4MeterEntry
 
     sch = schema()
-    await c.stub.SetForwardingPipelineConfig(
-        p4r.SetForwardingPipelineConfigRequest(
-            device_id=1,
-            election_id=c.eid(),
-            action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
-            config=config(),
-        )
-    )
+    await c.set_pipeline(config())
     cfg = P4MeterConfig(cir=rate_bytes_s, cburst=burst, pir=rate_bytes_s, pburst=burst)
     for cell in (0, 1):
         await c.write(

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -26,7 +26,7 @@ from scapy.packet import Raw
 
 from conftest import can_netns, free_port, wait_port
 from p4rt_helpers import A_HOST, B_HOST, Client, connect, program_limiter, udp
-from p4sim.server import Device, add_to_server
+from p4sim.server import Device
 
 pytestmark = [pytest.mark.bmv2, pytest.mark.netns]
 ETH_P_ALL = 0x0003
@@ -104,19 +104,6 @@ def bmv2() -> Iterator[tuple[str, dict[int, socket.socket]]]:
             subprocess.run(["ip", "link", "del", sw_if], capture_output=True)
 
 
-@pytest.fixture
-async def embedded() -> AsyncIterator[tuple[Device, grpc.aio.Channel]]:
-    device = Device(1)
-    server = grpc.aio.server()
-    add_to_server(server, device)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield device, channel
-    await server.stop(grace=0)
-
-
 def _through_bmv2(socks: dict[int, socket.socket], port: int, frame: bytes) -> list[tuple[int, bytes]]:
     for s in socks.values():  # drain anything stale
         s.setblocking(False)
@@ -149,10 +136,10 @@ async def _counters(c: Client, sch: object) -> dict[tuple[str, int], tuple[int, 
 
 
 async def test_same_frames_same_outputs_and_counters(
-    bmv2: tuple[str, dict[int, socket.socket]], embedded: tuple[Device, grpc.aio.Channel]
+    bmv2: tuple[str, dict[int, socket.socket]], in_process_target: tuple[Device, grpc.aio.Channel]
 ) -> None:
     addr, socks = bmv2
-    device, emb_channel = embedded
+    device, emb_channel = in_process_target
     async with grpc.aio.insecure_channel(addr) as bmv2_channel:
         cb = await connect(bmv2_channel, 5)
         await cb.responses.get()

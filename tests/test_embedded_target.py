@@ -6,8 +6,6 @@ tests push the same frames through veth pairs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import grpc
 import pytest
 from finsy.proto import p4r
@@ -16,50 +14,28 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
-from conftest import free_port
 from p4rt_helpers import A_HOST, B_HOST, config, connect, program_limiter, table_entry, udp, update
-from p4sim.server import Device, add_to_server
+from p4sim.server import Device
+
+InProcess = tuple[Device, grpc.aio.Channel]
 
 
-@pytest.fixture
-async def target() -> AsyncIterator[tuple[Device, grpc.aio.Channel]]:
-    device = Device(1)
-    server = grpc.aio.server()
-    add_to_server(server, device)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield device, channel
-    finally:
-        await channel.close()
-        await server.stop(grace=0)
-
-
-async def test_no_pipeline_forwards_nothing(target: tuple[Device, grpc.aio.Channel]) -> None:
-    device, _ = target
+async def test_no_pipeline_forwards_nothing(in_process_target: InProcess) -> None:
+    device, _ = in_process_target
     assert device.process(0, udp(A_HOST, B_HOST)) == []
 
 
-async def test_pipeline_without_entries_forwards_nothing(target: tuple[Device, grpc.aio.Channel]) -> None:
-    device, channel = target
+async def test_pipeline_without_entries_forwards_nothing(in_process_target: InProcess) -> None:
+    device, channel = in_process_target
     c = await connect(channel, 5)
     await c.responses.get()
-    await c.stub.SetForwardingPipelineConfig(
-        p4r.SetForwardingPipelineConfigRequest(
-            device_id=1,
-            election_id=c.eid(),
-            action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
-            config=config(),
-        )
-    )
+    await c.set_pipeline(config())
     assert device.process(0, udp(A_HOST, B_HOST)) == []
     assert device.process(0, bytes(Ether() / ARP())) == []
 
 
-async def test_meter_caps_inter_pod_and_exempts_intra_pod(target: tuple[Device, grpc.aio.Channel]) -> None:
-    device, channel = target
+async def test_meter_caps_inter_pod_and_exempts_intra_pod(in_process_target: InProcess) -> None:
+    device, channel = in_process_target
     c = await connect(channel, 5)
     assert (await c.responses.get()).arbitration.status.code == 0  # primary
     await program_limiter(c, rate_bytes_s=1, burst=3000)  # 1 B/s: only the 3000-byte bucket passes
@@ -76,10 +52,12 @@ async def test_meter_caps_inter_pod_and_exempts_intra_pod(target: tuple[Device, 
     assert [len(device.process(1, back)) for _ in range(3)] == [1, 1, 0]
 
 
-async def test_everything_unclassified_is_metered_and_counted(target: tuple[Device, grpc.aio.Channel]) -> None:
+async def test_everything_unclassified_is_metered_and_counted(
+    in_process_target: InProcess,
+) -> None:
     from finsy import P4CounterEntry
 
-    device, channel = target
+    device, channel = in_process_target
     c = await connect(channel, 5)
     await c.responses.get()
     sch = await program_limiter(c, rate_bytes_s=0, burst=0)  # the floor: nothing metered passes
@@ -108,8 +86,8 @@ async def test_everything_unclassified_is_metered_and_counted(target: tuple[Devi
     assert red == [len(frags) + 4]
 
 
-async def test_p4runtime_write_rules(target: tuple[Device, grpc.aio.Channel]) -> None:
-    _, channel = target
+async def test_p4runtime_write_rules(in_process_target: InProcess) -> None:
+    _, channel = in_process_target
     c = await connect(channel, 5)
     await c.responses.get()
     sch = await program_limiter(c, 1000, 3000)
@@ -152,8 +130,8 @@ async def test_p4runtime_write_rules(target: tuple[Device, grpc.aio.Channel]) ->
     assert pipeline.config.cookie.cookie == 42 and not pipeline.config.HasField("p4info")
 
 
-async def test_arbitration_primary_and_backup(target: tuple[Device, grpc.aio.Channel]) -> None:
-    _, channel = target
+async def test_arbitration_primary_and_backup(in_process_target: InProcess) -> None:
+    _, channel = in_process_target
     low = await connect(channel, 5)
     assert (await low.responses.get()).arbitration.status.code == 0
     high = await connect(channel, 9)
@@ -162,14 +140,7 @@ async def test_arbitration_primary_and_backup(target: tuple[Device, grpc.aio.Cha
     assert demoted.arbitration.status.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
     assert demoted.arbitration.election_id.low == 9
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await low.stub.SetForwardingPipelineConfig(
-            p4r.SetForwardingPipelineConfigRequest(
-                device_id=1,
-                election_id=low.eid(),
-                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
-                config=config(),
-            )
-        )
+        await low.set_pipeline(config())
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     dup = await connect(channel, 9)
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -181,33 +152,21 @@ async def test_arbitration_primary_and_backup(target: tuple[Device, grpc.aio.Cha
     assert promoted.arbitration.status.code == 0
 
 
-async def test_invalid_pipeline_is_refused_with_a_clear_error(target: tuple[Device, grpc.aio.Channel]) -> None:
-    _, channel = target
+async def test_invalid_pipeline_is_refused_with_a_clear_error(
+    in_process_target: InProcess,
+) -> None:
+    _, channel = in_process_target
     c = await connect(channel, 5)
     await c.responses.get()
     bad = config()
     bad.p4_device_config = b'{"header_types": [], "headers": [], "parsers": [], "pipelines": []}'
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await c.stub.SetForwardingPipelineConfig(
-            p4r.SetForwardingPipelineConfigRequest(
-                device_id=1,
-                election_id=c.eid(),
-                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
-                config=bad,
-            )
-        )
+        await c.set_pipeline(bad)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "standard_metadata" in (err.value.details() or "")
     bad.p4_device_config = b"not json"
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await c.stub.SetForwardingPipelineConfig(
-            p4r.SetForwardingPipelineConfigRequest(
-                device_id=1,
-                election_id=c.eid(),
-                action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
-                config=bad,
-            )
-        )
+        await c.set_pipeline(bad)
     assert "not valid JSON" in (err.value.details() or "")
 
 

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import BMV2_JSON, P4INFO, ROOT, free_port
+from conftest import BMV2_JSON, P4INFO, ROOT
 
 DRIVE = ROOT / "tests" / "p4rt_shell" / "drive.py"
 METER_CONFIG = {"cir": 2_500_000, "cburst": 250_000, "pir": 2_500_000, "pburst": 250_000}
@@ -39,61 +35,14 @@ def shell_python() -> Path:
     return python
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"target exited with {proc.returncode} before listening:\n{log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    pytest.fail(f"target not listening on 127.0.0.1:{port} after {timeout} s:\n{log.read_text()}")
-
-
-@pytest.fixture
-def target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """The embedded target with no pipeline, on a free loopback port: (address, its log file)."""
-    port = free_port()
-    log = tmp_path / "target.log"
-    with log.open("wb") as log_fh:  # a file, not a pipe: nobody drains a pipe while drive.py runs
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "p4sim.main",
-                "--device-id",
-                "1",
-                "--no-p4",
-                "--",
-                "--grpc-server-addr",
-                f"127.0.0.1:{port}",
-            ],
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-    try:
-        _wait_listening(port, proc, log)
-        yield f"127.0.0.1:{port}", log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.mark.p4rt_shell
 def test_p4runtime_shell_programs_and_reads_target(
-    shell_python: Path, target: tuple[str, Path], tmp_path: Path
+    shell_python: Path, embedded_target: tuple[str, Path], tmp_path: Path
 ) -> None:
     """Pipeline, table entry, meter and counter through p4runtime-shell, each read back as written."""
     for path in (P4INFO, BMV2_JSON):
         assert path.is_file(), f"compiled program {path.relative_to(ROOT)} missing; compile p4/limiter.p4"
-    addr, target_log = target
+    addr, target_log = embedded_target
     out = tmp_path / "result.json"
     # The shell's venv must not see the project's packages (protobuf 6) through the environment.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}

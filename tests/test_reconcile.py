@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import grpc
 import pytest
 from finsy.proto import p4r
 
-from conftest import free_port, wait_port
+from conftest import free_port, start_embedded
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
@@ -23,27 +22,13 @@ pytestmark = pytest.mark.timeout(120)
 class TargetProc:
     """An embedded target process that can be killed and restarted on the same port."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
         self.port = free_port()
+        self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "p4sim.main",
-                "--device-id",
-                "1",
-                "--no-p4",
-                "--",
-                "--grpc-server-addr",
-                f"127.0.0.1:{self.port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_port(self.port, self.proc)
+        self.proc = start_embedded(self.port, self.log)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -53,8 +38,8 @@ class TargetProc:
 
 
 @pytest.fixture
-def target() -> Iterator[TargetProc]:
-    t = TargetProc()
+def target(tmp_path: Path) -> Iterator[TargetProc]:
+    t = TargetProc(tmp_path / "target.log")
     t.start()
     try:
         yield t

@@ -106,6 +106,7 @@ class Report:
     results: list[Result]
     flows: list[Flow]
     phases: list[Phase] = field(default_factory=list)
+    traffic: str = "builtin"  # the traffic generator: "iperf3" or "builtin"
     # The DPUs' own counters at the end of the run (control plane's GetUsage): the limiter's view,
     # for comparison with the receiver-side figures above, which are what compliance is judged on.
     dpu_counters: list[dict[str, Any]] = field(default_factory=list)
@@ -132,6 +133,7 @@ class Report:
             results=[Result(**r) for r in data["results"]],
             flows=[Flow(**f) for f in data["flows"]],
             phases=[Phase(**p) for p in data.get("phases", [])],
+            traffic=str(data.get("traffic", "builtin")),
             dpu_counters=list(data.get("dpu_counters", [])),
         )
 
@@ -189,7 +191,7 @@ def summary_markdown(report: Report) -> str:
     lines = [
         f"# Lab run: {report.scenario}",
         "",
-        f"Target: {report.target}, duration {report.duration_s:.1f} s.",
+        f"Target: {report.target}, traffic: {report.traffic}, duration {report.duration_s:.1f} s.",
         "",
         "## Caps",
         "",

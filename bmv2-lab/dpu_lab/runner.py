@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 import numpy as np
 from rich.console import Console
@@ -49,6 +51,7 @@ class LabRun:
     scenario: Scenario
     out_dir: Path
     target: TargetKind = "embedded"
+    traffic: Literal["iperf3", "builtin"] = "builtin"
     console: Console = field(default_factory=lambda: Console(stderr=True))
     net: LabNetwork | None = None
     targets: list[TargetProcess] = field(default_factory=list)
@@ -72,7 +75,7 @@ class LabRun:
 
     def _run(self) -> Report:
         sc = self.scenario
-        self._say(f"scenario [bold]{sc.name}[/] on the {self.target} target")
+        self._say(f"scenario [bold]{sc.name}[/] on the {self.target} target, {self.traffic} traffic")
         self.net = LabNetwork(sc.topology)
         self.net.build()
         self._say(f"network built: {len(self.net.namespaces)} namespaces (prefix {self.net.prefix})")
@@ -200,6 +203,11 @@ class LabRun:
         if p.popen.returncode != 0:
             raise RuntimeError(f"{p.name} failed (exit {p.popen.returncode}); see {p.out.with_suffix('.log')}")
 
+    @property
+    def _traffic_module(self) -> str:
+        # Both ends of a flow use the same generator: iperf3 talks only to iperf3.
+        return "dpu_lab.iperf" if self.traffic == "iperf3" else "dpu_lab.traffic"
+
     def _run_phase(self, name: str, duration: float, flows: list, port: int) -> tuple[float, list[Flow], int]:  # type: ignore[type-arg]
         assert self.net is not None
         topo = self.scenario.topology
@@ -212,14 +220,14 @@ class LabRun:
                 self._spawn(
                     f"{f.name}-recv",
                     dst_ns,
-                    "dpu_lab.traffic",
+                    self._traffic_module,
                     [f"{f.protocol}-recv", *common, "--linger", str(LINGER_S)],
                 )
             )
             send_args = [f"{f.protocol}-send", "--dst", topo.address_of(f.dst), *common]
             if f.protocol == "udp":
                 send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
-            senders.append(self._spawn(f"{f.name}-send", src_ns, "dpu_lab.traffic", send_args))
+            senders.append(self._spawn(f"{f.name}-send", src_ns, self._traffic_module, send_args))
             port += 1
         self._progress(name, start_at, duration)
         for p in senders + receivers:
@@ -326,6 +334,7 @@ class LabRun:
         report = Report(
             scenario=self.scenario.name,
             target=self.target,
+            traffic=self.traffic,
             duration_s=duration,
             results=results,
             flows=flows,
@@ -383,6 +392,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def default_traffic() -> Literal["iperf3", "builtin"]:
+    """iperf3 where installed, the built-in generator otherwise."""
+    return "iperf3" if shutil.which("iperf3") else "builtin"
 
 
 def default_out_dir() -> Path:

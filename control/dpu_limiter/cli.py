@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=["embedded", "bmv2"],
         default="embedded",
         help="P4 target per limiter: the embedded target (default) or simple_switch_grpc",
+    )
+    run.add_argument(
+        "--traffic",
+        choices=["auto", "iperf3", "builtin"],
+        default="auto",
+        help="traffic generator: iperf3 where installed (auto, the default), else the built-in one",
     )
 
     serve = sub.add_parser("serve", help="run the control plane's gRPC API")
@@ -104,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _lab_run(args: argparse.Namespace) -> int:
     from dpu_lab.config import ConfigError, load_scenario
     from dpu_lab.netns import NetError
-    from dpu_lab.runner import LabRun
+    from dpu_lab.runner import LabRun, default_traffic
     from dpu_lab.targets import TargetError
 
     try:
@@ -113,7 +120,13 @@ def _lab_run(args: argparse.Namespace) -> int:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2
     try:
-        report = LabRun(scenario, args.out, args.target).run()
+        traffic = default_traffic() if args.traffic == "auto" else args.traffic
+        if traffic == "iperf3" and not shutil.which("iperf3"):
+            print(
+                "dpu-limiter: --traffic iperf3 needs iperf3 on PATH (Debian: apt-get install iperf3)", file=sys.stderr
+            )
+            return 2
+        report = LabRun(scenario, args.out, args.target, traffic).run()
     except (NetError, TargetError, TimeoutError, RuntimeError) as exc:
         print(f"dpu-limiter: lab run failed: {exc}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import shutil
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     cset.add_argument("--burst", type=int, default=0, help="meter burst, bytes (default: 100 ms at the rate)")
     cget = cap.add_parser("get", help="show a pod's cap")
     cget.add_argument("pod")
+    aud = sub.add_parser("audit", help="the hash-chained log of every change").add_subparsers(
+        dest="audit_cmd", required=True, metavar="AUDIT_COMMAND"
+    )
+    for name, text in (("verify", "check the chain; exit 1 if it was tampered with"), ("log", "print the records")):
+        a = aud.add_parser(name, help=text)
+        a.add_argument("--db", type=Path, required=True, help="the control plane's state file (or a copy)")
+        a.add_argument("--json", action="store_true", help="JSON output for scripts")
+        if name == "verify":
+            a.add_argument("--anchor", help="a head hash seen earlier: also detect records cut off the end")
     usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
     usage.add_argument("--pod", default="")
     sub.add_parser("status", help="whether every DPU holds the desired state")
@@ -95,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(args_in)
     if args.cmd == "lab":
         return _lab_run(args)
+    if args.cmd == "audit":
+        return _audit(args)
     if args.cmd == "serve":
         from .server import serve
 
@@ -134,6 +146,32 @@ def _lab_run(args: argparse.Namespace) -> int:
         print("dpu-limiter: interrupted; everything the run created was removed", file=sys.stderr)
         return 130
     return 0 if report.cap_held else 3
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from .audit import verify
+    from .store import read_audit
+
+    try:
+        records = read_audit(args.db)
+    except (FileNotFoundError, sqlite3.DatabaseError) as exc:
+        print(f"dpu-limiter: --db {args.db}: {exc}", file=sys.stderr)
+        return 2
+    if args.audit_cmd == "log":
+        if args.json:
+            print(json.dumps([r.__dict__ for r in records], indent=2))
+        else:
+            for r in records:
+                print(f"{r.seq:6d} {r.ts:.3f} {r.actor:8s} {r.action:12s} {r.object:24s} {json.dumps(r.payload)}")
+        return 0
+    verdict = verify(records, args.anchor)
+    if args.json:
+        print(json.dumps(verdict.as_dict(), indent=2))
+    elif verdict.ok:
+        print(f"audit log intact: {verdict.records} records, head {verdict.head}")
+    else:
+        print(f"audit log TAMPERED: {verdict.problem}", file=sys.stderr)
+    return 0 if verdict.ok else 1
 
 
 async def _client_cmd(args: argparse.Namespace) -> int:

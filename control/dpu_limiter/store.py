@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
+from . import audit
 from .models import Cap, DesiredState, Dpu, Pod, Role
 
 SCHEMA = """
@@ -16,6 +19,9 @@ CREATE TABLE IF NOT EXISTS dpus (
     name TEXT PRIMARY KEY, p4runtime_address TEXT NOT NULL, device_id INTEGER NOT NULL,
     pod TEXT NOT NULL REFERENCES pods(name), role TEXT NOT NULL,
     host_port INTEGER NOT NULL, uplink_port INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY, ts REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+    object TEXT NOT NULL, payload TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
     pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
     window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
@@ -40,13 +46,17 @@ class Store:
         """Close the database."""
         self._db.close()
 
-    def _write(self, sql: str, params: tuple[object, ...]) -> int:
+    def _write(
+        self, sql: str, params: tuple[object, ...], action: str, obj: str, payload: dict[str, Any], actor: str
+    ) -> int:
+        # The change and its audit record commit together, or not at all.
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
                 cur.execute(sql, params)
                 gen = self._bump(cur)
+                self._append_audit(cur, actor, action, obj, {**payload, "generation": gen})
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -60,27 +70,67 @@ class Store:
         cur.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('generation', ?)", (str(gen),))
         return gen
 
-    def put_pod(self, pod: Pod) -> int:
+    @staticmethod
+    def _append_audit(cur: sqlite3.Cursor, actor: str, action: str, obj: str, payload: dict[str, Any]) -> None:
+        row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        seq, prev = (row[0] + 1, row[1]) if row else (1, audit.GENESIS)
+        ts = time.time()
+        digest = audit.seal(seq, ts, actor, action, obj, payload, prev)
+        cur.execute(
+            "INSERT INTO audit(seq, ts, actor, action, object, payload, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, ts, actor, action, obj, json.dumps(payload, sort_keys=True), prev, digest),
+        )
+
+    def audit_records(self) -> list[audit.AuditRecord]:
+        """Every audit record, oldest first."""
+        with self._lock:
+            return _audit_rows(self._db)
+
+    def put_pod(self, pod: Pod, actor: str = "api") -> int:
         """Insert or replace a pod; returns the new generation."""
         return self._write(
             "INSERT INTO pods(name, ipv4_prefixes) VALUES (?, ?) "
             "ON CONFLICT(name) DO UPDATE SET ipv4_prefixes=excluded.ipv4_prefixes",
             (pod.name, json.dumps(list(pod.ipv4_prefixes))),
+            "apply-pod",
+            f"pod/{pod.name}",
+            {"ipv4_prefixes": list(pod.ipv4_prefixes)},
+            actor,
         )
 
-    def add_dpu(self, dpu: Dpu) -> int:
+    def add_dpu(self, dpu: Dpu, actor: str = "api") -> int:
         """Insert a DPU (sqlite3.IntegrityError if the name exists)."""
         return self._write(
             "INSERT INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (dpu.name, dpu.p4runtime_address, dpu.device_id, dpu.pod, dpu.role.value, dpu.host_port, dpu.uplink_port),
+            "register-dpu",
+            f"dpu/{dpu.name}",
+            {
+                "p4runtime_address": dpu.p4runtime_address,
+                "device_id": dpu.device_id,
+                "pod": dpu.pod,
+                "role": dpu.role.value,
+                "host_port": dpu.host_port,
+                "uplink_port": dpu.uplink_port,
+            },
+            actor,
         )
 
-    def put_cap(self, pod: str, cap: Cap) -> int:
+    def put_cap(self, pod: str, cap: Cap, actor: str = "api") -> int:
         """Insert or replace a pod's cap."""
         return self._write(
             "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes) VALUES (?, ?, ?, ?, ?)",
             (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes),
+            "set-cap",
+            f"pod/{pod}/cap",
+            {
+                "egress_bps": cap.egress_bps,
+                "ingress_bps": cap.ingress_bps,
+                "window_s": cap.window_s,
+                "burst_bytes": cap.burst_bytes,
+            },
+            actor,
         )
 
     def load(self) -> DesiredState:
@@ -99,3 +149,19 @@ class Store:
             row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             state.generation = int(row[0]) if row else 0
             return state
+
+
+def read_audit(path: Path | str) -> list[audit.AuditRecord]:
+    """The audit records of a state file, opened read-only (a verifier's copy stays untouched)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such state file")
+    db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+    try:
+        return _audit_rows(db)
+    finally:
+        db.close()
+
+
+def _audit_rows(db: sqlite3.Connection) -> list[audit.AuditRecord]:
+    rows = db.execute("SELECT seq, ts, actor, action, object, payload, prev, hash FROM audit ORDER BY seq").fetchall()
+    return [audit.AuditRecord(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7]) for r in rows]

@@ -1,0 +1,72 @@
+"""The audit log's hash chain: every change to the desired state, each record sealing the one before.
+
+A record's hash is SHA-256 over the previous record's hash and the record's canonical JSON, so
+editing, reordering or deleting any record breaks every hash after it. Cutting records off the
+end cannot be seen from the log alone: a verifier keeps the head hash it last saw (an anchor)
+and checks that the log still contains it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GENESIS = "0" * 64
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One change: who did what to which object, with the new value."""
+
+    seq: int
+    ts: float
+    actor: str
+    action: str
+    object: str
+    payload: dict[str, Any]
+    prev: str
+    hash: str
+
+
+def seal(seq: int, ts: float, actor: str, action: str, obj: str, payload: dict[str, Any], prev: str) -> str:
+    """The hash of a record given the previous record's hash."""
+    body = json.dumps(
+        {"seq": seq, "ts": ts, "actor": actor, "action": action, "object": obj, "payload": payload},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of checking a chain."""
+
+    ok: bool
+    records: int
+    head: str
+    problem: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def verify(records: list[AuditRecord], anchor: str | None = None) -> Verdict:
+    """Check sequence, links and hashes; with an anchor, also that the log still holds that head."""
+    prev = GENESIS
+    seen_anchor = anchor is None or anchor == GENESIS
+    for i, r in enumerate(records, start=1):
+        if r.seq != i:
+            return Verdict(False, len(records), prev, f"record {i}: sequence number is {r.seq} (a record is missing)")
+        if r.prev != prev:
+            return Verdict(False, len(records), prev, f"record {r.seq}: does not link to the record before it")
+        if seal(r.seq, r.ts, r.actor, r.action, r.object, r.payload, r.prev) != r.hash:
+            return Verdict(False, len(records), prev, f"record {r.seq}: contents do not match its hash (edited)")
+        prev = r.hash
+        seen_anchor = seen_anchor or r.hash == anchor
+    if not seen_anchor:
+        return Verdict(False, len(records), prev, f"anchor {anchor} is not in the log (records were cut off)")
+    return Verdict(True, len(records), prev)

@@ -1,0 +1,86 @@
+"""The audit log: every change is recorded in the same transaction, and tampering is detected."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpu_limiter.audit import GENESIS, verify
+from dpu_limiter.models import Cap, Dpu, Pod
+from dpu_limiter.store import Store, read_audit
+
+
+def _state(tmp_path: Path) -> Path:
+    db = tmp_path / "state.db"
+    s = Store(db)
+    s.put_pod(Pod("a", ("10.0.1.0/24",)))
+    s.add_dpu(Dpu("dpu-a", "127.0.0.1:9559", 1, "a"))
+    s.put_cap("a", Cap(20e6, 20e6, 10.0, 100_000))
+    s.put_cap("a", Cap(1e9, 1e9, 60.0, 100_000))
+    with pytest.raises(sqlite3.IntegrityError):
+        s.add_dpu(Dpu("dpu-a", "127.0.0.1:9560", 2, "a"))  # refused: no record either
+    s.close()
+    return db
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dpu_limiter.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_every_change_is_recorded_and_chained(tmp_path: Path) -> None:
+    records = read_audit(_state(tmp_path))
+    assert [(r.seq, r.action, r.object) for r in records] == [
+        (1, "apply-pod", "pod/a"),
+        (2, "register-dpu", "dpu/dpu-a"),
+        (3, "set-cap", "pod/a/cap"),
+        (4, "set-cap", "pod/a/cap"),
+    ]
+    assert records[0].prev == GENESIS
+    assert records[3].payload["egress_bps"] == 1e9 and records[3].payload["generation"] == 4
+    verdict = verify(records)
+    assert verdict.ok and verdict.head == records[-1].hash
+
+
+@pytest.mark.parametrize(
+    ("sql", "problem"),
+    [
+        ("UPDATE audit SET payload = replace(payload, '1000000000.0', '9000000000.0') WHERE seq = 4", "edited"),
+        ("DELETE FROM audit WHERE seq = 2", "missing"),
+        ("UPDATE audit SET actor = 'operator' WHERE seq = 1", "edited"),
+    ],
+)
+def test_tampering_is_detected(tmp_path: Path, sql: str, problem: str) -> None:
+    db = _state(tmp_path)
+    con = sqlite3.connect(db)
+    con.execute(sql)
+    con.commit()
+    con.close()
+    verdict = verify(read_audit(db))
+    assert not verdict.ok and problem in verdict.problem
+    res = cli("audit", "verify", "--db", str(db))
+    assert res.returncode == 1 and "TAMPERED" in res.stderr
+
+
+def test_truncation_is_detected_with_an_anchor(tmp_path: Path) -> None:
+    db = _state(tmp_path)
+    head = json.loads(cli("audit", "verify", "--db", str(db), "--json").stdout)["head"]
+    con = sqlite3.connect(db)
+    con.execute("DELETE FROM audit WHERE seq = 4")
+    con.commit()
+    con.close()
+    assert cli("audit", "verify", "--db", str(db)).returncode == 0  # undetectable from the log alone
+    res = cli("audit", "verify", "--db", str(db), "--anchor", head)
+    assert res.returncode == 1 and "cut off" in res.stderr
+
+
+def test_cli_log_and_missing_file(tmp_path: Path) -> None:
+    db = _state(tmp_path)
+    out = cli("audit", "log", "--db", str(db)).stdout
+    assert "register-dpu" in out and "dpu/dpu-a" in out
+    res = cli("audit", "verify", "--db", str(tmp_path / "nope.db"))
+    assert res.returncode == 2 and "nope.db" in res.stderr

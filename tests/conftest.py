@@ -100,16 +100,25 @@ def embedded_target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         stop(proc)
 
 
-@pytest.fixture
-async def in_process_target() -> AsyncIterator[tuple[Device, grpc.aio.Channel]]:
-    """The embedded target in this process (frames go in through Device.process) and a channel to it."""
+InProcess = tuple[Device, grpc.aio.Channel]
+
+
+async def serve_in_process() -> tuple[Device, grpc.aio.Server, str]:
+    """The embedded target in this process (frames go in through Device.process), served on loopback."""
     device = Device(1)
     server = grpc.aio.server()
     add_to_server(server, device)
     port = free_port()
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return device, server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def in_process_target() -> AsyncIterator[InProcess]:
+    """An in-process embedded target and a channel to it."""
+    device, server, address = await serve_in_process()
+    channel = grpc.aio.insecure_channel(address)
     try:
         yield device, channel
     finally:

@@ -14,10 +14,8 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
+from conftest import InProcess
 from p4rt_helpers import A_HOST, B_HOST, config, connect, program_limiter, table_entry, udp, update
-from p4sim.server import Device
-
-InProcess = tuple[Device, grpc.aio.Channel]
 
 
 async def test_no_pipeline_forwards_nothing(in_process_target: InProcess) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -141,6 +143,24 @@ class LimiterApi(pb_grpc.LimiterServicer):
             return pb.GetUsageResponse(usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
 
         return await self._call(context, run)
+
+    async def WatchUsage(  # noqa: N802
+        self,
+        request: pb.WatchUsageRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[pb.UsageSample]:
+        """Usage samples every interval until the client cancels."""
+        interval = request.interval_s or 1.0
+        if not (math.isfinite(interval) and 0.1 <= interval <= 3600):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"interval_s: must be 0.1..3600 seconds (got {interval!r})"
+            )
+        if request.pod and request.pod not in self.service.state.pods:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod!r} does not exist")
+        while True:
+            rows = await self.service.usage(request.pod)
+            yield pb.UsageSample(time=time.time(), usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
+            await asyncio.sleep(interval)
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU's reconciliation status."""

@@ -18,8 +18,13 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
+
+if TYPE_CHECKING:
+    from ._proto.limiter.v1 import limiter_pb2 as pb
+    from .client import LimiterClient
 
 DEFAULT_SERVER = "127.0.0.1:50100"
 
@@ -60,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the control plane's gRPC API")
     serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
     serve.add_argument("--listen", default=DEFAULT_SERVER, help=f"listen address (default {DEFAULT_SERVER})")
+    serve.add_argument("--metrics-listen", metavar="ADDR", help="serve Prometheus metrics on ADDR (e.g. :9100)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub.add_parser(
@@ -88,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
             a.add_argument("--anchor", help="a head hash seen earlier: also detect records cut off the end")
     usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
     usage.add_argument("--pod", default="")
+    usage.add_argument("--watch", action="store_true", help="keep showing rates (bit/s) until Ctrl-C")
+    usage.add_argument("--interval", type=float, default=1.0, help="seconds between samples with --watch")
     sub.add_parser("status", help="whether every DPU holds the desired state")
     for p in (cset, cget, usage, sub.choices["status"]):
         p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
@@ -111,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .server import serve
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        asyncio.run(serve(args.db, args.listen))
+        asyncio.run(serve(args.db, args.listen, args.metrics_listen))
         return 0
     try:
         return asyncio.run(_client_cmd(args))
@@ -181,6 +189,8 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     from .units import UnitError, parse_rate
 
     async with LimiterClient(args.server) as c:
+        if args.cmd == "usage" and args.watch:
+            return await _watch_usage(c, args)
         if args.cmd == "cap" and args.cap_cmd == "set":
             try:
                 egress, ingress = parse_rate(args.egress, "--egress"), parse_rate(args.ingress, "--ingress")
@@ -199,6 +209,53 @@ async def _client_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         _print_table(args.cmd, doc)
+    return 0
+
+
+async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
+    """Live rates from WatchUsage: a table that updates in place, or one JSON line per sample."""
+    from google.protobuf import json_format
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    prev: dict[tuple[str, str], tuple[float, dict[str, int]]] = {}
+    fields = ("metered_bytes", "green_bytes", "red_bytes", "exempt_bytes")
+
+    def rates(sample: pb.UsageSample) -> list[tuple[str, str, dict[str, float]]]:
+        out = []
+        for u in sample.usage:
+            key = (u.pod, u.direction)
+            now = {f: getattr(u, f) for f in fields}
+            t0, before = prev.get(key, (sample.time, now))
+            dt = max(sample.time - t0, 1e-9)
+            out.append((u.pod, u.direction, {f: (now[f] - before[f]) * 8 / dt for f in fields}))
+            prev[key] = (sample.time, now)
+        return out
+
+    try:
+        if args.json:
+            async for sample in c.watch_usage(args.pod, args.interval):
+                doc = json_format.MessageToDict(sample, preserving_proto_field_name=True)
+                doc["rates_bps"] = [{"pod": p, "direction": d, **r} for p, d, r in rates(sample)]
+                print(json.dumps(doc), flush=True)
+        else:
+            with Live(console=Console(), auto_refresh=False) as live:
+                async for sample in c.watch_usage(args.pod, args.interval):
+                    t = Table(
+                        "pod",
+                        "direction",
+                        "metered",
+                        "passed (green)",
+                        "dropped (red)",
+                        "exempt",
+                        title="bit/s across each pod's boundary (Ctrl-C to stop)",
+                    )
+                    for pod, direction, r in rates(sample):
+                        t.add_row(pod, direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields))
+                    live.update(t, refresh=True)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
     return 0
 
 

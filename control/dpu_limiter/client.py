@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -47,6 +48,11 @@ class LimiterClient:
     async def usage(self, pod: str = "") -> pb.GetUsageResponse:
         """Usage per pod and direction."""
         return await self.stub.GetUsage(pb.GetUsageRequest(pod=pod))
+
+    async def watch_usage(self, pod: str = "", interval_s: float = 1.0) -> AsyncIterator[pb.UsageSample]:
+        """Usage samples every interval until cancelled."""
+        async for sample in self.stub.WatchUsage(pb.WatchUsageRequest(pod=pod, interval_s=interval_s)):
+            yield sample
 
     async def status(self) -> pb.GetStatusResponse:
         """Reconciliation status of every DPU."""

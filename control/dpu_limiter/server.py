@@ -11,6 +11,7 @@ import grpc
 
 from . import api
 from .dataplane import ProgramFiles
+from .metrics import MetricsEndpoint
 from .service import LimiterService
 from .store import Store
 
@@ -20,7 +21,14 @@ LOG = logging.getLogger(__name__)
 class ControlPlane:
     """The control plane's gRPC server and service, started and stopped as one."""
 
-    def __init__(self, db_path: Path | str, listen: str = "127.0.0.1:0", program: ProgramFiles | None = None) -> None:
+    def __init__(
+        self,
+        db_path: Path | str,
+        listen: str = "127.0.0.1:0",
+        program: ProgramFiles | None = None,
+        metrics_listen: str | None = None,
+        metrics_interval_s: float = 5.0,
+    ) -> None:
         self.store = Store(db_path)
         self.service = LimiterService(self.store, program)
         self.server = grpc.aio.server()
@@ -29,25 +37,33 @@ class ControlPlane:
         if self.port == 0:
             raise OSError(f"cannot listen on {listen}")
         self.address = f"{listen.rpartition(':')[0]}:{self.port}"
+        self.metrics_listen = metrics_listen
+        self.metrics_interval_s = metrics_interval_s
+        self.metrics: MetricsEndpoint | None = None
 
     async def start(self) -> None:
         """Start serving and reconciling."""
         await self.server.start()
         await self.service.start()
+        if self.metrics_listen:
+            self.metrics = MetricsEndpoint(self.service, self.metrics_listen, self.metrics_interval_s)
 
     async def stop(self) -> None:
         """Stop serving, stop the agents, close the store."""
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self.server.stop(grace=0.5)
         await self.service.stop()
         self.store.close()
 
 
-async def serve(db_path: Path, listen: str) -> None:
+async def serve(db_path: Path, listen: str, metrics_listen: str | None = None) -> None:
     """Serve until SIGINT/SIGTERM."""
-    cp = ControlPlane(db_path, listen)
+    cp = ControlPlane(db_path, listen, metrics_listen=metrics_listen)
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)
-    print(f"dpu-limiter control plane listening on {cp.address} (state: {db_path})", flush=True)
+    metrics = f", metrics on http://{metrics_listen}/metrics" if metrics_listen else ""
+    print(f"dpu-limiter control plane listening on {cp.address} (state: {db_path}){metrics}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,92 @@
+"""A Prometheus endpoint: usage per pod, direction, class and colour, and each DPU's convergence.
+
+Counters are read from the DPUs by a background task (not in the scrape), so a scrape never waits
+on a slow DPU; it serves the latest sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .service import DirectionUsage, LimiterService
+
+LOG = logging.getLogger(__name__)
+BYTE_FIELDS = (
+    "exempt_bytes",
+    "metered_bytes",
+    "green_bytes",
+    "yellow_bytes",
+    "red_bytes",
+    "other_bytes",
+    "fragment_bytes",
+)
+
+
+class UsageCollector(Collector):
+    """Turns the latest usage sample and agent statuses into metric families."""
+
+    def __init__(self, service: LimiterService) -> None:
+        self.service = service
+        self.sample: list[DirectionUsage] = []
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Metric families for one scrape."""
+        by_kind = CounterMetricFamily(
+            "dpu_limiter_boundary_bytes",
+            "Bytes across a pod's boundary, summed over its DPUs' counters",
+            labels=["pod", "direction", "kind"],
+        )
+        for u in self.sample:
+            for f in BYTE_FIELDS:
+                by_kind.add_metric([u.pod, u.direction, f.removesuffix("_bytes")], getattr(u, f))
+        yield by_kind
+        connected = GaugeMetricFamily(
+            "dpu_limiter_dpu_connected", "1 when the control plane holds a stream", labels=["dpu"]
+        )
+        converged = GaugeMetricFamily(
+            "dpu_limiter_dpu_converged", "1 when the DPU read back as desired", labels=["dpu"]
+        )
+        for name, st in self.service.status().items():
+            connected.add_metric([name], float(st.connected))
+            converged.add_metric([name], float(st.converged))
+        yield connected
+        yield converged
+        gen = GaugeMetricFamily("dpu_limiter_generation", "Generation of the desired state")
+        gen.add_metric([], float(self.service.state.generation))
+        yield gen
+
+
+class MetricsEndpoint:
+    """The HTTP endpoint and the task that refreshes its sample."""
+
+    def __init__(self, service: LimiterService, listen: str, interval_s: float = 5.0) -> None:
+        self.collector = UsageCollector(service)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        host, _, port = listen.rpartition(":")
+        self.server: WSGIServer
+        self.server, self._thread = start_http_server(int(port), host or "0.0.0.0", self.registry)
+        self.port = self.server.server_port
+        self.interval_s = interval_s
+        self._task = asyncio.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        while True:
+            try:
+                self.collector.sample = await self.collector.service.usage()
+            except Exception as exc:
+                LOG.warning("metrics refresh failed: %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self) -> None:
+        """Stop refreshing and serving."""
+        self._task.cancel()
+        self.server.shutdown()
+        self.server.server_close()

@@ -92,12 +92,17 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("--json", action="store_true", help="JSON output for scripts")
         if name == "verify":
             a.add_argument("--anchor", help="a head hash seen earlier: also detect records cut off the end")
+    ap_apply = sub.add_parser("apply", help="create or update pods, DPUs and caps from a file (or a lab topology)")
+    ap_apply.add_argument("-f", "--file", type=Path, required=True, help="manifest or lab topology YAML")
+    ap_apply.add_argument("--dry-run", action="store_true", help="show the diff, change nothing")
+    get = sub.add_parser("get", help="list pods, DPUs or caps")
+    get.add_argument("kind", choices=["pods", "dpus", "caps"])
     usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
     usage.add_argument("--pod", default="")
     usage.add_argument("--watch", action="store_true", help="keep showing rates (bit/s) until Ctrl-C")
     usage.add_argument("--interval", type=float, default=1.0, help="seconds between samples with --watch")
     sub.add_parser("status", help="whether every DPU holds the desired state")
-    for p in (cset, cget, usage, sub.choices["status"]):
+    for p in (cset, cget, usage, sub.choices["status"], ap_apply, get):
         p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
         p.add_argument("--json", action="store_true", help="JSON output for scripts")
     return ap
@@ -191,6 +196,10 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     async with LimiterClient(args.server) as c:
         if args.cmd == "usage" and args.watch:
             return await _watch_usage(c, args)
+        if args.cmd == "apply":
+            return await _apply(c, args)
+        if args.cmd == "get":
+            return await _get(c, args)
         if args.cmd == "cap" and args.cap_cmd == "set":
             try:
                 egress, ingress = parse_rate(args.egress, "--egress"), parse_rate(args.ingress, "--ingress")
@@ -209,6 +218,82 @@ async def _client_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         _print_table(args.cmd, doc)
+    return 0
+
+
+async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .apply import apply, plan_apply
+    from .manifest import ManifestError, load_manifest
+
+    try:
+        manifest = load_manifest(args.file)
+    except ManifestError as exc:
+        print(f"dpu-limiter: {exc}", file=sys.stderr)
+        return 2
+    changes = await plan_apply(c, manifest)
+    conflicts = [ch for ch in changes if ch.verb == "conflict"]
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run, "changes": [asdict(ch) for ch in changes]}, indent=2))
+    else:
+        t = Table("change", "kind", "name", "detail", title=f"{args.file}{' (dry run)' if args.dry_run else ''}")
+        colour = {"create": "green", "update": "yellow", "unchanged": "dim", "conflict": "red"}
+        for ch in changes:
+            t.add_row(f"[{colour[ch.verb]}]{ch.verb}[/]", ch.kind, ch.name, ch.detail)
+        Console().print(t)
+    if conflicts:
+        print(f"dpu-limiter: {len(conflicts)} conflict(s); nothing applied", file=sys.stderr)
+        return 1
+    if not args.dry_run:
+        await apply(c, manifest, changes)
+    return 0
+
+
+async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
+    from google.protobuf import json_format
+    from rich.console import Console
+    from rich.table import Table
+
+    from ._proto.limiter.v1 import limiter_pb2 as api_pb
+
+    rows: list[dict[str, object]] = []
+    if args.kind == "pods":
+        rows = [
+            {"name": p.name, "ipv4_prefixes": list(p.ipv4_prefixes)}
+            for p in (await c.stub.ListPods(api_pb.ListPodsRequest())).pods
+        ]
+    elif args.kind == "dpus":
+        rows = [
+            json_format.MessageToDict(d, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+            for d in (await c.stub.ListDpus(api_pb.ListDpusRequest())).dpus
+        ]
+    else:
+        for p in (await c.stub.ListPods(api_pb.ListPodsRequest())).pods:
+            try:
+                cap = (await c.get_pod_cap(p.name)).cap
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                continue
+            rows.append(
+                {
+                    "pod": p.name,
+                    **json_format.MessageToDict(
+                        cap, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+                    ),
+                }
+            )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(*(rows[0].keys() if rows else ["(none)"]))
+    for r in rows:
+        t.add_row(*(", ".join(map(str, v)) if isinstance(v, list) else str(v) for v in r.values()))
+    Console().print(t)
     return 0
 
 

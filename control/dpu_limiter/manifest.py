@@ -1,0 +1,117 @@
+"""Declarative files for `dpu-limiter apply -f`: pods, DPUs and caps, or a lab topology to import.
+
+    pods:  [{name: a, ipv4_prefixes: [10.0.1.0/24]}]
+    dpus:  [{name: dpu-a, p4runtime_address: 10.9.0.1:9559, device_id: 1, pod: a,
+             role: pod-uplink, host_port: 0, uplink_port: 1}]
+    caps:  [{pod: a, egress: 1G, ingress: 1G, window_s: 60, burst_bytes: 0}]
+
+A lab topology file (pods with `subnet`) is accepted too: its pods are imported with their subnet
+as the pod's prefix. Every value is validated by the same code as the API, and errors name the file
+and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .models import Cap, Dpu, InvalidArgument, Pod, Role
+from .units import UnitError, parse_rate
+
+
+class ManifestError(ValueError):
+    """The file is unreadable or invalid; the message names the file and the field."""
+
+
+@dataclass
+class Manifest:
+    """Desired objects from one file."""
+
+    pods: list[Pod] = field(default_factory=list)
+    dpus: list[Dpu] = field(default_factory=list)
+    caps: dict[str, Cap] = field(default_factory=dict)
+
+
+def _items(doc: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
+    items = doc.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ManifestError(f"{path}: {key}: must be a list of mappings")
+    return items
+
+
+def _get(item: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
+    if key in item:
+        return item[key]
+    if default is ...:
+        raise InvalidArgument(f"{where}.{key}", None, "is required")
+    return default
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a manifest or a lab topology file."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{path}: must be a mapping with pods, dpus and/or caps")
+    unknown = set(doc) - {"pods", "dpus", "caps", "name", "router"}
+    if unknown:
+        raise ManifestError(f"{path}: unknown keys {sorted(unknown)} (expected pods, dpus, caps)")
+    m = Manifest()
+    try:
+        for i, item in enumerate(_items(doc, "pods", path)):
+            where = f"pods[{i}]"
+            name = _get(item, "name", where)
+            prefixes = [item["subnet"]] if "subnet" in item else _get(item, "ipv4_prefixes", where)
+            if not isinstance(prefixes, list):
+                raise InvalidArgument(f"{where}.ipv4_prefixes", prefixes, "must be a list")
+            m.pods.append(Pod.validated(str(name), [str(p) for p in prefixes], where))
+        for i, item in enumerate(_items(doc, "dpus", path)):
+            where = f"dpus[{i}]"
+            role = _get(item, "role", where, "pod-uplink")
+            try:
+                role_v = Role(role)
+            except ValueError:
+                raise InvalidArgument(f"{where}.role", role, f"must be one of {[r.value for r in Role]}") from None
+            dpu = Dpu(
+                str(_get(item, "name", where)),
+                str(_get(item, "p4runtime_address", where)),
+                _int(item, "device_id", where, None),
+                str(_get(item, "pod", where)),
+                role_v,
+                _int(item, "host_port", where, 0),
+                _int(item, "uplink_port", where, 1),
+            )
+            m.dpus.append(Dpu.validated(dpu, where))
+        for i, item in enumerate(_items(doc, "caps", path)):
+            where = f"caps[{i}]"
+            pod = str(_get(item, "pod", where))
+            rates = {}
+            for key in ("egress", "ingress"):
+                try:
+                    rates[key] = parse_rate(_get(item, key, where), f"{where}.{key}")
+                except UnitError as exc:
+                    raise InvalidArgument(f"{where}.{key}", item.get(key), str(exc)) from None
+            window = item.get("window_s")
+            if not isinstance(window, int | float) or isinstance(window, bool):
+                raise InvalidArgument(f"{where}.window_s", window, "must be a number of seconds")
+            cap = Cap(rates["egress"], rates["ingress"], float(window), _int(item, "burst_bytes", where, 0))
+            m.caps[pod] = Cap.validated(cap, where)
+    except InvalidArgument as exc:
+        raise ManifestError(f"{path}: {exc}") from None
+    return m
+
+
+def _int(item: dict[str, Any], key: str, where: str, default: int | None) -> int:
+    value = item.get(key, default)
+    if value is None:
+        raise InvalidArgument(f"{where}.{key}", None, "is required")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"{where}.{key}", value, "must be an integer")
+    return value

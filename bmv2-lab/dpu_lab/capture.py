@@ -199,7 +199,7 @@ def capture(iface: str, deadline: float) -> Capture:
             wire = frame_wire_bytes(view, frame, n - _VNET_HDR.size)
             timelines.setdefault(source_key(frame), Timeline(CAPTURE_BIN_S)).add(stamp, wire)
         drops = _kernel_drops(sock)
-    return _to_capture(iface, started, timelines, drops, "kernel" if kernel_stamps else "user")
+    return to_capture(iface, started, timelines, drops, "kernel" if kernel_stamps else "user")
 
 
 def _timestamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
@@ -212,7 +212,7 @@ def _timestamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:
     return None
 
 
-def _to_capture(iface: str, started: float, timelines: dict[str, Timeline], drops: int, stamps: str) -> Capture:
+def to_capture(iface: str, started: float, timelines: dict[str, Timeline], drops: int, stamps: str) -> Capture:
     """Put per-source timelines on one grid whose bin 0 is the earliest non-empty bin."""
     firsts = [tl.first_index for tl in timelines.values() if tl.first_index is not None]
     base = min(firsts) if firsts else math.floor(started / CAPTURE_BIN_S)

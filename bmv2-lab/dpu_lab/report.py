@@ -106,7 +106,8 @@ class Report:
     results: list[Result]
     flows: list[Flow]
     phases: list[Phase] = field(default_factory=list)
-    traffic: str = "builtin"  # the traffic generator: "iperf3" or "builtin"
+    traffic: str = "builtin"  # the traffic generator: "iperf3", "builtin" or "simulated"
+    time: str = "real"  # "virtual": simulated time on embedded targets
     # The DPUs' own counters at the end of the run (control plane's GetUsage): the limiter's view,
     # for comparison with the receiver-side figures above, which are what compliance is judged on.
     dpu_counters: list[dict[str, Any]] = field(default_factory=list)
@@ -134,6 +135,7 @@ class Report:
             flows=[Flow(**f) for f in data["flows"]],
             phases=[Phase(**p) for p in data.get("phases", [])],
             traffic=str(data.get("traffic", "builtin")),
+            time=str(data.get("time", "real")),
             dpu_counters=list(data.get("dpu_counters", [])),
         )
 
@@ -191,7 +193,7 @@ def summary_markdown(report: Report) -> str:
     lines = [
         f"# Lab run: {report.scenario}",
         "",
-        f"Target: {report.target}, traffic: {report.traffic}, duration {report.duration_s:.1f} s.",
+        f"Target: {report.target}, traffic: {report.traffic}, {report.time} time, duration {report.duration_s:.1f} s.",
         "",
         "## Caps",
         "",

@@ -19,17 +19,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
-import numpy as np
 from rich.console import Console
 
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 
-from . import measure
 from .capture import load_capture
 from .config import Scenario
+from .evaluate import configure, dpu_counters, evaluate
 from .netns import LabNetwork, check_prerequisites
-from .report import Direction, Flow, Phase, Report, Result, write_report
+from .report import Flow, Phase, Report, write_report
 from .targets import TargetKind, TargetProcess, free_port, start_target
 
 BASE_PORT = 5201
@@ -101,8 +99,9 @@ class LabRun:
         for c in captures:
             self._wait(c, timeout=15)
         duration = sum(ph.duration_s for ph in sc.phases)
-        report, series = self._evaluate(captures, phases, flow_results, t_start, duration)
-        report.dpu_counters = asyncio.run(self._dpu_counters(self.api))
+        captured = {host: load_capture(p.out) for host, p in zip(self.net.host_ns, captures, strict=True)}
+        report, series = evaluate(sc, captured, phases, flow_results, t_start, duration, self.target, self.traffic)
+        report.dpu_counters = asyncio.run(dpu_counters(self.api))
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")
@@ -139,33 +138,11 @@ class LabRun:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.1)
-            for pod in sc.topology.pods:
-                await client.apply_pod(pod.name, [pod.subnet])
-            for tp, lim in zip(self.targets, self.net.limiters, strict=True):
-                await client.register_dpu(
-                    pb.Dpu(
-                        name=lim.name,
-                        p4runtime_address=tp.address,
-                        device_id=tp.device_id,
-                        pod=lim.pod,
-                        role=pb.DPU_ROLE_POD_UPLINK,
-                        host_port=0,
-                        uplink_port=1,
-                    )
-                )
-            for cap in sc.caps:
-                await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes)
-            await client.wait_converged(timeout=60)
-
-    async def _dpu_counters(self, addr: str) -> list[dict[str, object]]:
-        from google.protobuf import json_format
-
-        async with LimiterClient(addr) as client:
-            usage = await client.usage()
-        return [
-            json_format.MessageToDict(u, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for u in usage.usage
-        ]
+            dpus = [
+                (lim.name, lim.pod, tp.address, tp.device_id)
+                for tp, lim in zip(self.targets, self.net.limiters, strict=True)
+            ]
+            await configure(client, sc, dpus)
 
     # ------------------------------------------------------------------ traffic
 
@@ -281,67 +258,6 @@ class LabRun:
 
     # ------------------------------------------------------------------ evaluation
 
-    def _evaluate(
-        self, captures: list[_Proc], phases: list[Phase], flows: list[Flow], t_start: float, duration: float
-    ) -> tuple[Report, dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]]:
-        topo = self.scenario.topology
-        captured = {
-            host: load_capture(p.out) for host, p in zip(self.net.host_ns if self.net else {}, captures, strict=True)
-        }
-        addr_pod = {topo.address_of(h): topo.pod_of_host(h).name for p in topo.pods for h in p.hosts}
-        # Receiver-side series per (pod, direction): egress of P = bytes from P arriving in other pods;
-        # ingress of P = bytes arriving at P's hosts from other pods.
-        parts: dict[tuple[str, str], list[tuple[float, float, list[int]]]] = {}
-        for host, capture in captured.items():
-            dst_pod = topo.pod_of_host(host).name
-            for src in capture.by_src:
-                src_pod = addr_pod.get(src)
-                if src_pod == dst_pod:
-                    continue
-                one = capture.series(src)
-                if src_pod is not None:
-                    parts.setdefault((src_pod, "egress"), []).append(one)
-                parts.setdefault((dst_pod, "ingress"), []).append(one)
-        results: list[Result] = []
-        plot: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-        for pod in topo.pods:
-            cap = self.scenario.cap_of(pod.name)
-            if cap is None:
-                continue
-            for direction, rate in directions(cap.egress, cap.ingress):
-                pieces = parts.get((pod.name, direction), [])
-                if pieces:
-                    t0, bin_s, bins = measure.merge_series(pieces)  # type: ignore[arg-type]
-                else:
-                    t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
-                mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
-                total = int(np.sum(bins)) if len(bins) else 0
-                burst = cap.burst_bytes or _default_burst(max(cap.egress, cap.ingress))
-                results.append(
-                    Result.evaluate(
-                        pod.name,
-                        direction,
-                        rate,
-                        cap.window_s,
-                        burst,
-                        mwb,  # type: ignore[arg-type]
-                        measure.delivered_bps(total, duration),
-                    )
-                )
-                if len(bins):
-                    times, bps = measure.throughput_series(t0, bin_s, list(bins))
-                    plot[(pod.name, direction)] = (times - t_start, bps)
-        report = Report(
-            scenario=self.scenario.name,
-            target=self.target,
-            traffic=self.traffic,
-            duration_s=duration,
-            results=results,
-            flows=flows,
-            phases=phases,
-        )
-        return report, plot
-
     # ------------------------------------------------------------------ cleanup
 
     def cleanup(self) -> None:
@@ -369,17 +285,6 @@ class LabRun:
         if self.net is not None:
             self.net.teardown()
             self.net = None
-
-
-def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
-    """(direction, rate) pairs of a cap."""
-    return [("egress", egress), ("ingress", ingress)]
-
-
-def _default_burst(rate_bps: float) -> int:
-    from dpu_limiter.units import default_burst_bytes
-
-    return default_burst_bytes(rate_bps)
 
 
 @contextmanager

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 if TYPE_CHECKING:
+    from dpu_lab.config import Scenario
+
     from ._proto.limiter.v1 import limiter_pb2 as pb
     from .client import LimiterClient
 
@@ -54,6 +56,19 @@ def _parser() -> argparse.ArgumentParser:
         choices=["embedded", "bmv2"],
         default="embedded",
         help="P4 target per limiter: the embedded target (default) or simple_switch_grpc",
+    )
+    run.add_argument(
+        "--time",
+        choices=["real", "virtual"],
+        default="real",
+        help="real time on network namespaces (default, needs root), or virtual time: a simulated network "
+        "around embedded targets on one simulated clock (UDP flows only, for now)",
+    )
+    run.add_argument(
+        "--segment-bytes",
+        type=int,
+        metavar="N",
+        help="with --time virtual: send UDP payload segments of N bytes (as TSO does) instead of the flows' size",
     )
     run.add_argument(
         "--traffic",
@@ -144,6 +159,8 @@ def _lab_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2
+    if args.time == "virtual":
+        return _lab_run_virtual(args, scenario)
     try:
         traffic = default_traffic() if args.traffic == "auto" else args.traffic
         if traffic == "iperf3" and not shutil.which("iperf3"):
@@ -185,6 +202,26 @@ def _audit(args: argparse.Namespace) -> int:
     else:
         print(f"audit log TAMPERED: {verdict.problem}", file=sys.stderr)
     return 0 if verdict.ok else 1
+
+
+def _lab_run_virtual(args: argparse.Namespace, scenario: Scenario) -> int:
+    from dpu_lab.config import ConfigError
+    from dpu_lab.virtual import VirtualLabRun
+
+    if args.target != "embedded":
+        print(
+            "dpu-limiter: --time virtual runs on the embedded target only (bmv2 has no virtual clock)", file=sys.stderr
+        )
+        return 2
+    if args.segment_bytes is not None and not 18 <= args.segment_bytes <= 1 << 20:
+        print(f"dpu-limiter: --segment-bytes: must be 18..1048576 (got {args.segment_bytes})", file=sys.stderr)
+        return 2
+    try:
+        report = VirtualLabRun(scenario, args.out, args.segment_bytes).run()
+    except ConfigError as exc:
+        print(f"dpu-limiter: {exc}", file=sys.stderr)
+        return 2
+    return 0 if report.cap_held else 3
 
 
 async def _client_cmd(args: argparse.Namespace) -> int:

@@ -1,0 +1,126 @@
+"""Turning a run's receiver-side measurements into the report, and configuring caps as a user would.
+
+Shared by the real-time lab (namespaces, processes) and the virtual-time lab (simulation).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.units import default_burst_bytes
+
+from . import measure
+from .capture import Capture
+from .config import Scenario
+from .report import Direction, Flow, Phase, Report, Result
+
+PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
+
+
+async def configure(client: LimiterClient, sc: Scenario, dpus: list[tuple[str, str, str, int]]) -> None:
+    """Declare pods, register each limiter (name, pod, P4Runtime address, device id), set caps, wait."""
+    for pod in sc.topology.pods:
+        await client.apply_pod(pod.name, [pod.subnet])
+    for name, pod_name, address, device_id in dpus:
+        await client.register_dpu(
+            pb.Dpu(
+                name=name,
+                p4runtime_address=address,
+                device_id=device_id,
+                pod=pod_name,
+                role=pb.DPU_ROLE_POD_UPLINK,
+                host_port=0,
+                uplink_port=1,
+            )
+        )
+    for cap in sc.caps:
+        await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes)
+    await client.wait_converged(timeout=60)
+
+
+async def dpu_counters(addr: str) -> list[dict[str, object]]:
+    """The DPUs' own usage counters at the end of a run, as JSON-ready rows."""
+    from google.protobuf import json_format
+
+    async with LimiterClient(addr) as client:
+        usage = await client.usage()
+    return [
+        json_format.MessageToDict(u, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        for u in usage.usage
+    ]
+
+
+def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
+    """(direction, rate) pairs of a cap."""
+    return [("egress", egress), ("ingress", ingress)]
+
+
+def evaluate(
+    sc: Scenario,
+    captured: dict[str, Capture],
+    phases: list[Phase],
+    flows: list[Flow],
+    t_start: float,
+    duration: float,
+    target: Literal["embedded", "bmv2"],
+    traffic: str,
+) -> tuple[Report, PlotSeries]:
+    """Compliance per pod and direction from the receivers' captures, and the plot series."""
+    topo = sc.topology
+    addr_pod = {topo.address_of(h): topo.pod_of_host(h).name for p in topo.pods for h in p.hosts}
+    # Receiver-side series per (pod, direction): egress of P = bytes from P arriving in other pods;
+    # ingress of P = bytes arriving at P's hosts from other pods.
+    parts: dict[tuple[str, str], list[tuple[float, float, list[int]]]] = {}
+    for host, capture in captured.items():
+        dst_pod = topo.pod_of_host(host).name
+        for src in capture.by_src:
+            src_pod = addr_pod.get(src)
+            if src_pod == dst_pod:
+                continue
+            one = capture.series(src)
+            if src_pod is not None:
+                parts.setdefault((src_pod, "egress"), []).append(one)
+            parts.setdefault((dst_pod, "ingress"), []).append(one)
+    results: list[Result] = []
+    plot: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    for pod in topo.pods:
+        cap = sc.cap_of(pod.name)
+        if cap is None:
+            continue
+        for direction, rate in directions(cap.egress, cap.ingress):
+            pieces = parts.get((pod.name, direction), [])
+            if pieces:
+                t0, bin_s, bins = measure.merge_series(pieces)  # type: ignore[arg-type]
+            else:
+                t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
+            mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
+            total = int(np.sum(bins)) if len(bins) else 0
+            burst = cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
+            results.append(
+                Result.evaluate(
+                    pod.name,
+                    direction,
+                    rate,
+                    cap.window_s,
+                    burst,
+                    mwb,  # type: ignore[arg-type]
+                    measure.delivered_bps(total, duration),
+                )
+            )
+            if len(bins):
+                times, bps = measure.throughput_series(t0, bin_s, list(bins))
+                plot[(pod.name, direction)] = (times - t_start, bps)
+    report = Report(
+        scenario=sc.name,
+        target=target,
+        traffic=traffic,
+        duration_s=duration,
+        results=results,
+        flows=flows,
+        phases=phases,
+    )
+    return report, plot

@@ -14,6 +14,7 @@ from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from .models import Cap, Dpu, InvalidArgument, Pod, Role
 from .service import LimiterService, NotFound
+from .tls import role_of
 
 T = TypeVar("T")
 
@@ -56,15 +57,41 @@ def cap_from_pb(c: pb.Cap) -> Cap:
 
 
 class LimiterApi(pb_grpc.LimiterServicer):
-    """gRPC front of LimiterService."""
+    """gRPC front of LimiterService; with mutual TLS, the client certificate's role gates writes."""
 
-    def __init__(self, service: LimiterService) -> None:
+    def __init__(self, service: LimiterService, mtls: bool = False) -> None:
         self.service = service
+        self.mtls = mtls
 
-    @staticmethod
-    async def _call(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:  # type: ignore[type-arg]
+    async def _actor(self, context: grpc.aio.ServicerContext, write: bool) -> str:  # type: ignore[type-arg]
+        """Who is calling ("role:name"); refuses unknown roles, and writes by anyone but a verifier."""
+        if not self.mtls:
+            return "local"  # no TLS: a development or lab setup, with no one to tell apart
+        auth = context.auth_context()
+        pem = (auth.get("x509_pem_cert") or [b""])[0]
+        name = (auth.get("x509_common_name") or [b"?"])[0].decode(errors="replace")
+        role = role_of(pem) if pem else None
+        if role is None:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"client certificate {name!r} has no role (subject OU verifier or operator)",
+            )
+        if write and role != "verifier":
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"role {role} ({name}) may only read; changes need a verifier certificate",
+            )
+        return f"{role}:{name}"
+
+    async def _call(
+        self,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        fn: Callable[[str], Awaitable[T]],
+        write: bool,
+    ) -> T:
+        actor = await self._actor(context, write)
         try:
-            return await fn()
+            return await fn(actor)
         except InvalidArgument as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except NotFound as exc:
@@ -74,21 +101,22 @@ class LimiterApi(pb_grpc.LimiterServicer):
     async def ApplyPod(self, request: pb.ApplyPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:  # type: ignore[type-arg]  # noqa: N802
         """Create or replace a pod."""
 
-        async def run() -> pb.Pod:
+        async def run(actor: str) -> pb.Pod:
             pod = Pod.validated(request.pod.name, list(request.pod.ipv4_prefixes))
-            return pod_to_pb(await self.service.apply_pod(pod))
+            return pod_to_pb(await self.service.apply_pod(pod, actor))
 
-        return await self._call(context, run)
+        return await self._call(context, run, write=True)
 
     async def ListPods(self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext) -> pb.ListPodsResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every pod."""
+        await self._actor(context, write=False)
         pods = sorted(self.service.state.pods.values(), key=lambda p: p.name)
         return pb.ListPodsResponse(pods=[pod_to_pb(p) for p in pods])
 
     async def RegisterDpu(self, request: pb.RegisterDpuRequest, context: grpc.aio.ServicerContext) -> pb.Dpu:  # type: ignore[type-arg]  # noqa: N802
         """Register a DPU."""
 
-        async def run() -> pb.Dpu:
+        async def run(actor: str) -> pb.Dpu:
             d = request.dpu
             if d.role not in ROLE_FROM_PB:
                 raise InvalidArgument("dpu.role", d.role, "unknown role")
@@ -103,46 +131,47 @@ class LimiterApi(pb_grpc.LimiterServicer):
                     d.uplink_port if d.uplink_port or d.host_port else 1,
                 )
             )
-            return dpu_to_pb(await self.service.register_dpu(dpu))
+            return dpu_to_pb(await self.service.register_dpu(dpu, actor))
 
-        return await self._call(context, run)
+        return await self._call(context, run, write=True)
 
     async def ListDpus(self, request: pb.ListDpusRequest, context: grpc.aio.ServicerContext) -> pb.ListDpusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU."""
+        await self._actor(context, write=False)
         dpus = sorted(self.service.state.dpus.values(), key=lambda d: d.name)
         return pb.ListDpusResponse(dpus=[dpu_to_pb(d) for d in dpus])
 
     async def SetPodCap(self, request: pb.SetPodCapRequest, context: grpc.aio.ServicerContext) -> pb.PodCap:  # type: ignore[type-arg]  # noqa: N802
         """Set a pod's cap."""
 
-        async def run() -> pb.PodCap:
+        async def run(actor: str) -> pb.PodCap:
             if not request.HasField("cap"):
                 raise InvalidArgument("cap", None, "is required")
             for fname in ("egress_bps", "ingress_bps", "window_s"):
                 if math.isnan(getattr(request.cap, fname)):
                     raise InvalidArgument(f"cap.{fname}", "nan", "must be a number")
             cap = cap_from_pb(request.cap)
-            stored = await self.service.set_cap(request.pod, cap)
+            stored = await self.service.set_cap(request.pod, cap, actor)
             return pb.PodCap(pod=request.pod, cap=cap_to_pb(stored))
 
-        return await self._call(context, run)
+        return await self._call(context, run, write=True)
 
     async def GetPodCap(self, request: pb.GetPodCapRequest, context: grpc.aio.ServicerContext) -> pb.PodCap:  # type: ignore[type-arg]  # noqa: N802
         """A pod's cap."""
 
-        async def run() -> pb.PodCap:
+        async def run(actor: str) -> pb.PodCap:
             return pb.PodCap(pod=request.pod, cap=cap_to_pb(self.service.get_cap(request.pod)))
 
-        return await self._call(context, run)
+        return await self._call(context, run, write=False)
 
     async def GetUsage(self, request: pb.GetUsageRequest, context: grpc.aio.ServicerContext) -> pb.GetUsageResponse:  # type: ignore[type-arg]  # noqa: N802
         """Usage per pod and direction."""
 
-        async def run() -> pb.GetUsageResponse:
+        async def run(actor: str) -> pb.GetUsageResponse:
             rows = await self.service.usage(request.pod)
             return pb.GetUsageResponse(usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
 
-        return await self._call(context, run)
+        return await self._call(context, run, write=False)
 
     async def WatchUsage(  # noqa: N802
         self,
@@ -150,6 +179,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[pb.UsageSample]:
         """Usage samples every interval until the client cancels."""
+        await self._actor(context, write=False)
         interval = request.interval_s or 1.0
         if not (math.isfinite(interval) and 0.1 <= interval <= 3600):
             await context.abort(
@@ -164,6 +194,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU's reconciliation status."""
+        await self._actor(context, write=False)
         out = pb.GetStatusResponse(generation=self.service.state.generation)
         for name, st in sorted(self.service.status().items()):
             out.dpus.append(
@@ -179,8 +210,8 @@ class LimiterApi(pb_grpc.LimiterServicer):
         return out
 
 
-def add_to_server(server: grpc.aio.Server, service: LimiterService) -> LimiterApi:
+def add_to_server(server: grpc.aio.Server, service: LimiterService, mtls: bool = False) -> LimiterApi:
     """Register the API on a gRPC server."""
-    api = LimiterApi(service)
+    api = LimiterApi(service, mtls)
     pb_grpc.add_LimiterServicer_to_server(api, server)  # type: ignore[no-untyped-call]
     return api

@@ -81,7 +81,33 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
     serve.add_argument("--listen", default=DEFAULT_SERVER, help=f"listen address (default {DEFAULT_SERVER})")
     serve.add_argument("--metrics-listen", metavar="ADDR", help="serve Prometheus metrics on ADDR (e.g. :9100)")
+    serve.add_argument(
+        "--tls-dir",
+        type=Path,
+        help="mutual TLS on the API: DIR/ca.pem, DIR/server.pem, DIR/server.key "
+        "(make them with `dpu-limiter certs init DIR`); client roles come from their certificates",
+    )
+    serve.add_argument(
+        "--p4runtime-tls-dir",
+        type=Path,
+        help="mutual TLS toward the DPUs: DIR/ca.pem verifies them, "
+        "DIR/verifier.pem and .key identify the control plane",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    certs = sub.add_parser("certs", help="make a test CA and certificates").add_subparsers(
+        dest="certs_cmd", required=True, metavar="CERTS_COMMAND"
+    )
+    cinit = certs.add_parser("init", help="CA, server certificate and one client certificate per role in DIR")
+    cinit.add_argument("dir", type=Path)
+    cinit.add_argument(
+        "--host", action="append", default=[], help="server name or address (default 127.0.0.1, localhost); repeatable"
+    )
+    cissue = certs.add_parser("issue", help="another client certificate from DIR's CA")
+    cissue.add_argument("dir", type=Path)
+    cissue.add_argument("name")
+    cissue.add_argument("--role", required=True, choices=["verifier", "operator"])
+    cissue.add_argument("--days", type=int, default=365)
 
     sub.add_parser(
         "target", help="run the embedded P4 target (simple_switch_grpc's options; --help for them)", add_help=False
@@ -120,6 +146,14 @@ def _parser() -> argparse.ArgumentParser:
     for p in (cset, cget, usage, sub.choices["status"], ap_apply, get):
         p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
         p.add_argument("--json", action="store_true", help="JSON output for scripts")
+        p.add_argument("--tls-dir", type=Path, help="talk mutual TLS with DIR/ca.pem and your role's DIR/ROLE.pem/.key")
+        p.add_argument(
+            "--as",
+            dest="role",
+            default="verifier",
+            choices=["verifier", "operator"],
+            help="which certificate in --tls-dir to present (default verifier)",
+        )
     return ap
 
 
@@ -135,11 +169,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _lab_run(args)
     if args.cmd == "audit":
         return _audit(args)
+    if args.cmd == "certs":
+        return _certs(args)
     if args.cmd == "serve":
         from .server import serve
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        asyncio.run(serve(args.db, args.listen, args.metrics_listen))
+        from .tls import TlsFiles
+
+        tls = (
+            TlsFiles(args.tls_dir / "ca.pem", args.tls_dir / "server.pem", args.tls_dir / "server.key")
+            if args.tls_dir
+            else None
+        )
+        p4rt = args.p4runtime_tls_dir
+        p4rt_tls = TlsFiles(p4rt / "ca.pem", p4rt / "verifier.pem", p4rt / "verifier.key") if p4rt else None
+        try:
+            asyncio.run(serve(args.db, args.listen, args.metrics_listen, tls, p4rt_tls))
+        except ValueError as exc:
+            print(f"dpu-limiter: {exc}", file=sys.stderr)
+            return 2
         return 0
     try:
         return asyncio.run(_client_cmd(args))
@@ -176,6 +225,20 @@ def _lab_run(args: argparse.Namespace) -> int:
         print("dpu-limiter: interrupted; everything the run created was removed", file=sys.stderr)
         return 130
     return 0 if report.cap_held else 3
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from . import tls
+
+    if args.certs_cmd == "init":
+        made = tls.init(args.dir, args.host or ["127.0.0.1", "localhost"])
+        for name, files in made.items():
+            print(f"{name}: {files.cert} (key {files.key})")
+        print(f"CA: {args.dir / 'ca.pem'}")
+        return 0
+    files = tls.issue(args.dir, args.name, args.role, days=args.days)
+    print(f"{args.name} ({args.role}): {files.cert} (key {files.key})")
+    return 0
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -228,9 +291,12 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
     from .client import LimiterClient
+    from .tls import TlsFiles
     from .units import UnitError, parse_rate
 
-    async with LimiterClient(args.server) as c:
+    d = args.tls_dir
+    tls = TlsFiles(d / "ca.pem", d / f"{args.role}.pem", d / f"{args.role}.key") if d else None
+    async with LimiterClient(args.server, tls) as c:
         if args.cmd == "usage" and args.watch:
             return await _watch_usage(c, args)
         if args.cmd == "apply":

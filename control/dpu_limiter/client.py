@@ -10,14 +10,20 @@ import grpc
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
+from .tls import TlsFiles
 
 
 class LimiterClient:
     """Async client; use as `async with LimiterClient(address) as c:`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsFiles | None = None) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address)
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(address)
+        else:
+            ca, cert, key = tls.read()
+            creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            self.channel = grpc.aio.secure_channel(address, creds)
         self.stub = pb_grpc.LimiterStub(self.channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> LimiterClient:

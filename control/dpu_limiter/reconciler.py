@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import finsy as fy
+from finsy.grpcutil import GRPCCredentialsTLS
 from finsy.p4client import P4ClientError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from . import dataplane as dp
 from .models import Dpu
+from .tls import TlsFiles
 
 LOG = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class DpuAgent:
         program: dp.ProgramFiles,
         intent_fn: Callable[[], tuple[int, dp.Intent]],
         election_id: int = ELECTION_ID,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.dpu = dpu
         self.intent_fn = intent_fn
@@ -60,6 +63,9 @@ class DpuAgent:
             device_id=dpu.device_id,
             initial_election_id=election_id,
             ready_handler=self._ready,
+            channel_credentials=None
+            if tls is None
+            else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
         )
         self.switch = fy.Switch(dpu.name, dpu.p4runtime_address, opts)
         self._task: asyncio.Task[None] | None = None

@@ -14,6 +14,7 @@ from .dataplane import ProgramFiles
 from .metrics import MetricsEndpoint
 from .service import LimiterService
 from .store import Store
+from .tls import TlsFiles
 
 LOG = logging.getLogger(__name__)
 
@@ -28,12 +29,19 @@ class ControlPlane:
         program: ProgramFiles | None = None,
         metrics_listen: str | None = None,
         metrics_interval_s: float = 5.0,
+        tls: TlsFiles | None = None,
+        p4runtime_tls: TlsFiles | None = None,
     ) -> None:
         self.store = Store(db_path)
-        self.service = LimiterService(self.store, program)
+        self.service = LimiterService(self.store, program, p4runtime_tls=p4runtime_tls)
         self.server = grpc.aio.server()
-        api.add_to_server(self.server, self.service)
-        self.port = self.server.add_insecure_port(listen)
+        api.add_to_server(self.server, self.service, mtls=tls is not None)
+        if tls is None:
+            self.port = self.server.add_insecure_port(listen)
+        else:
+            ca, cert, key = tls.read()
+            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+            self.port = self.server.add_secure_port(listen, creds)
         if self.port == 0:
             raise OSError(f"cannot listen on {listen}")
         self.address = f"{listen.rpartition(':')[0]}:{self.port}"
@@ -57,9 +65,15 @@ class ControlPlane:
         self.store.close()
 
 
-async def serve(db_path: Path, listen: str, metrics_listen: str | None = None) -> None:
+async def serve(
+    db_path: Path,
+    listen: str,
+    metrics_listen: str | None = None,
+    tls: TlsFiles | None = None,
+    p4runtime_tls: TlsFiles | None = None,
+) -> None:
     """Serve until SIGINT/SIGTERM."""
-    cp = ControlPlane(db_path, listen, metrics_listen=metrics_listen)
+    cp = ControlPlane(db_path, listen, metrics_listen=metrics_listen, tls=tls, p4runtime_tls=p4runtime_tls)
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)
     metrics = f", metrics on http://{metrics_listen}/metrics" if metrics_listen else ""

@@ -11,6 +11,7 @@ from . import dataplane as dp
 from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod
 from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
 from .store import Store
+from .tls import TlsFiles
 
 LOG = logging.getLogger(__name__)
 
@@ -39,8 +40,15 @@ class DirectionUsage:
 class LimiterService:
     """Desired state in the store, one reconciling agent per DPU."""
 
-    def __init__(self, store: Store, program: dp.ProgramFiles | None = None, election_id: int = ELECTION_ID) -> None:
+    def __init__(
+        self,
+        store: Store,
+        program: dp.ProgramFiles | None = None,
+        election_id: int = ELECTION_ID,
+        p4runtime_tls: TlsFiles | None = None,
+    ) -> None:
         self.store = store
+        self.p4runtime_tls = p4runtime_tls
         self.program = program or dp.limiter_program()
         self.election_id = election_id
         self.state: DesiredState = store.load()
@@ -62,7 +70,7 @@ class LimiterService:
             st = self.state
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), st.caps.get(dpu.pod))
 
-        agent = DpuAgent(dpu, self.program, intent, self.election_id)
+        agent = DpuAgent(dpu, self.program, intent, self.election_id, self.p4runtime_tls)
         self.agents[dpu.name] = agent
         agent.start()
 
@@ -73,7 +81,7 @@ class LimiterService:
 
     # ---------------------------------------------------------------- writes
 
-    async def apply_pod(self, pod: Pod) -> Pod:
+    async def apply_pod(self, pod: Pod, actor: str = "local") -> Pod:
         """Create or replace a pod (already validated); prefixes may not overlap another pod's."""
         async with self._lock:
             for other in self.state.pods.values():
@@ -84,12 +92,12 @@ class LimiterService:
                     for q in other.ipv4_prefixes:
                         if net.overlaps(ipaddress.IPv4Network(q)):
                             raise InvalidArgument(f"pod.ipv4_prefixes[{i}]", p, f"overlaps {q} of pod {other.name!r}")
-            await asyncio.to_thread(self.store.put_pod, pod)
+            await asyncio.to_thread(self.store.put_pod, pod, actor)
             self.state = await asyncio.to_thread(self.store.load)
         self._poke_pod(pod.name)
         return pod
 
-    async def register_dpu(self, dpu: Dpu) -> Dpu:
+    async def register_dpu(self, dpu: Dpu, actor: str = "local") -> Dpu:
         """Register a DPU (already validated) of a known pod; names and endpoints are unique."""
         async with self._lock:
             if dpu.pod not in self.state.pods:
@@ -103,17 +111,17 @@ class LimiterService:
                         dpu.p4runtime_address,
                         f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
                     )
-            await asyncio.to_thread(self.store.add_dpu, dpu)
+            await asyncio.to_thread(self.store.add_dpu, dpu, actor)
             self.state = await asyncio.to_thread(self.store.load)
             self._start_agent(dpu)
         return dpu
 
-    async def set_cap(self, pod: str, cap: Cap) -> Cap:
+    async def set_cap(self, pod: str, cap: Cap, actor: str = "local") -> Cap:
         """Set a pod's cap (already validated)."""
         async with self._lock:
             if pod not in self.state.pods:
                 raise InvalidArgument("pod", pod, "unknown pod")
-            await asyncio.to_thread(self.store.put_cap, pod, cap)
+            await asyncio.to_thread(self.store.put_cap, pod, cap, actor)
             self.state = await asyncio.to_thread(self.store.load)
         self._poke_pod(pod)
         return cap

@@ -86,7 +86,7 @@ class Store:
         with self._lock:
             return _audit_rows(self._db)
 
-    def put_pod(self, pod: Pod, actor: str = "api") -> int:
+    def put_pod(self, pod: Pod, actor: str = "local") -> int:
         """Insert or replace a pod; returns the new generation."""
         return self._write(
             "INSERT INTO pods(name, ipv4_prefixes) VALUES (?, ?) "
@@ -98,7 +98,7 @@ class Store:
             actor,
         )
 
-    def add_dpu(self, dpu: Dpu, actor: str = "api") -> int:
+    def add_dpu(self, dpu: Dpu, actor: str = "local") -> int:
         """Insert a DPU (sqlite3.IntegrityError if the name exists)."""
         return self._write(
             "INSERT INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port) "
@@ -117,7 +117,7 @@ class Store:
             actor,
         )
 
-    def put_cap(self, pod: str, cap: Cap, actor: str = "api") -> int:
+    def put_cap(self, pod: str, cap: Cap, actor: str = "local") -> int:
         """Insert or replace a pod's cap."""
         return self._write(
             "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes) VALUES (?, ?, ?, ?, ?)",

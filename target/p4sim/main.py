@@ -47,6 +47,15 @@ def build_parser(prog: str = "p4sim") -> argparse.ArgumentParser:
         "--grpc-server-addr", default="0.0.0.0:9559", help="P4Runtime listen address (default 0.0.0.0:9559)"
     )
     ap.add_argument("--no-p4", action="store_true", help="start with no pipeline; a controller sets it")
+    ap.add_argument("--grpc-server-ssl", action="store_true", help="serve P4Runtime over TLS")
+    ap.add_argument("--grpc-server-cacert", type=Path, help="CA that client certificates must chain to")
+    ap.add_argument("--grpc-server-cert", type=Path, help="server certificate (PEM)")
+    ap.add_argument("--grpc-server-key", type=Path, help="server private key (PEM)")
+    ap.add_argument(
+        "--grpc-server-with-client-auth",
+        action="store_true",
+        help="require a client certificate signed by --grpc-server-cacert (mutual TLS)",
+    )
     ap.add_argument("--p4info", type=Path, help="P4Info (text format) for a JSON given at start")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return ap
@@ -62,6 +71,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "p4sim") -> int:
         interfaces = dict(parse_interface(spec) for spec in args.interface)
     except ValueError as exc:
         ap.error(str(exc))
+    if args.grpc_server_ssl and not (args.grpc_server_cert and args.grpc_server_key):
+        ap.error("--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key")
+    if args.grpc_server_with_client_auth and not args.grpc_server_cacert:
+        ap.error("--grpc-server-with-client-auth needs --grpc-server-cacert")
     if args.json and not args.p4info:
         ap.error("a JSON given at start needs --p4info (or use --no-p4 and let the controller set the pipeline)")
     return asyncio.run(_serve(args, interfaces))
@@ -76,8 +89,17 @@ async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
     server = grpc.aio.server()
     add_to_server(server, device)
     try:
-        server.add_insecure_port(args.grpc_server_addr)
-    except RuntimeError as exc:
+        if args.grpc_server_ssl:
+            ca = args.grpc_server_cacert.read_bytes() if args.grpc_server_cacert else None
+            creds = grpc.ssl_server_credentials(
+                [(args.grpc_server_key.read_bytes(), args.grpc_server_cert.read_bytes())],
+                root_certificates=ca,
+                require_client_auth=args.grpc_server_with_client_auth,
+            )
+            server.add_secure_port(args.grpc_server_addr, creds)
+        else:
+            server.add_insecure_port(args.grpc_server_addr)
+    except (RuntimeError, OSError) as exc:
         LOG.error("cannot listen on %s: %s", args.grpc_server_addr, exc)
         return 1
     ports = RawPorts(interfaces) if interfaces else None

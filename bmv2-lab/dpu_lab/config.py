@@ -33,7 +33,9 @@ class PodSpec(_Model):
     name: str
     subnet: str
     hosts: list[str] = Field(min_length=1, max_length=200)
-    placement: Literal["pod-uplink"] = "pod-uplink"
+    # pod-uplink: one limiter on the pod's uplink (Lucid); node: one per host, between it and the pod's
+    # switch (Amodo), each enforcing an equal share of the pod's cap.
+    placement: Literal["pod-uplink", "node"] = "pod-uplink"
 
     _check_name = field_validator("name")(_name)
 

@@ -21,18 +21,21 @@ from .report import Direction, Flow, Phase, Report, Result
 PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 
 
-async def configure(client: LimiterClient, sc: Scenario, dpus: list[tuple[str, str, str, int]]) -> None:
-    """Declare pods, register each limiter (name, pod, P4Runtime address, device id), set caps, wait."""
+ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE}
+
+
+async def configure(client: LimiterClient, sc: Scenario, dpus: list[tuple[str, str, str, str, int]]) -> None:
+    """Declare pods, register each limiter (name, role, pod, P4Runtime address, device id), set caps, wait."""
     for pod in sc.topology.pods:
         await client.apply_pod(pod.name, [pod.subnet])
-    for name, pod_name, address, device_id in dpus:
+    for name, role, pod_name, address, device_id in dpus:
         await client.register_dpu(
             pb.Dpu(
                 name=name,
                 p4runtime_address=address,
                 device_id=device_id,
                 pod=pod_name,
-                role=pb.DPU_ROLE_POD_UPLINK,
+                role=ROLES[role],
                 host_port=0,
                 uplink_port=1,
             )

@@ -63,6 +63,7 @@ class LimiterPorts:
     pod: str
     host_if: str
     uplink_if: str
+    role: str = "pod-uplink"  # or "node": one limiter per host, between the host and its pod's switch
 
 
 @dataclass
@@ -111,37 +112,74 @@ class LabNetwork:
             ip("link", "add", "br0", "type", "bridge", ns=pod_ns)
             ip("link", "set", "br0", "up", ns=pod_ns)
             plen = ipaddress.IPv4Network(pod.subnet).prefixlen
+            gateway = (router, f"{pod.gateway}/{plen}")
             for j, host in enumerate(pod.hosts):
-                hns = self._netns(f"h{hosts_seen}")
+                k = hosts_seen
+                hosts_seen += 1
+                hns = self._netns(f"h{k}")
                 self.host_ns[host] = hns
-                a, b = f"{p}h{hosts_seen}", f"{p}h{hosts_seen}b"
-                self._veth(a, b)
-                ip("link", "set", a, "netns", hns)
-                self.root_links.remove(a)
-                ip("link", "set", a, "name", "eth0", ns=hns)
+                if pod.placement == "node":
+                    # host eth0 -- [limiter of this node] -- pod bridge
+                    host_if = self._pair(f"{p}n{k}h", (hns, None), rename="eth0")
+                    up_if = self._pair(f"{p}n{k}u", (pod_ns, "br0"))
+                    self._limiter(f"dpu-{host}", pod.name, "node", host_if, up_if)
+                else:
+                    self._pair(f"{p}h{k}", (pod_ns, "br0"), root_end_to=(hns, "eth0"))
                 ip("addr", "add", f"{pod.host_address(j)}/{plen}", "dev", "eth0", ns=hns)
                 ip("link", "set", "eth0", "up", ns=hns)
                 ip("route", "add", "default", "via", pod.gateway, ns=hns)
-                ip("link", "set", b, "netns", pod_ns)
-                ip("link", "set", b, "master", "br0", "up", ns=pod_ns)
                 _offloads_off(hns, ["eth0"])
-                hosts_seen += 1
-            # Limiter ports in the root namespace; peers in the pod's bridge and in the router.
-            host_if, host_peer = f"{p}p{i}h", f"{p}p{i}hb"
-            up_if, up_peer = f"{p}p{i}u", f"{p}p{i}ur"
-            self._veth(host_if, host_peer)
-            self._veth(up_if, up_peer)
-            ip("link", "set", host_peer, "netns", pod_ns)
-            ip("link", "set", host_peer, "master", "br0", "up", ns=pod_ns)
-            ip("link", "set", up_peer, "netns", router)
-            ip("addr", "add", f"{pod.gateway}/{plen}", "dev", up_peer, ns=router)
-            ip("link", "set", up_peer, "up", ns=router)
-            _offloads_off(router, [up_peer])
-            for ifname in (host_if, up_if):
-                _sysctl_root(f"net/ipv6/conf/{ifname}/disable_ipv6", "1")
-                ip("link", "set", ifname, "up")
-            _offloads_off(None, [host_if, up_if])
-            self.limiters.append(LimiterPorts(name=f"dpu-{pod.name}", pod=pod.name, host_if=host_if, uplink_if=up_if))
+            if pod.placement == "node":
+                # pod bridge -- router: no limiter on the uplink, the nodes' DPUs do the limiting
+                self._pair(f"{p}p{i}r", (router, None), root_end_to=(pod_ns, "br0"), address=gateway)
+            else:
+                host_if = self._pair(f"{p}p{i}h", (pod_ns, "br0"))
+                up_if = self._pair(f"{p}p{i}u", (router, None), address=gateway)
+                self._limiter(f"dpu-{pod.name}", pod.name, "pod-uplink", host_if, up_if)
+
+    def _pair(
+        self,
+        root_name: str,
+        peer: tuple[str, str | None],
+        rename: str | None = None,
+        root_end_to: tuple[str, str] | None = None,
+        address: tuple[str, str] | None = None,
+    ) -> str:
+        """A veth pair: one end stays in the root namespace (or moves to `root_end_to` = (ns, bridge or
+        new name)), the peer goes to `peer` = (ns, bridge to join or None); `rename` names the peer
+        inside its namespace; `address` = (ns, CIDR) puts an address on the peer. Returns the root end."""
+        peer_ns, bridge = peer
+        peer_name = f"{root_name}x"
+        self._veth(root_name, peer_name)
+        ip("link", "set", peer_name, "netns", peer_ns)
+        if rename:
+            ip("link", "set", peer_name, "name", rename, ns=peer_ns)
+            peer_name = rename
+        if bridge:
+            ip("link", "set", peer_name, "master", bridge, ns=peer_ns)
+        if address:
+            ip("addr", "add", address[1], "dev", peer_name, ns=peer_ns)
+        ip("link", "set", peer_name, "up", ns=peer_ns)
+        if rename is None:
+            _offloads_off(peer_ns, [peer_name])
+        if root_end_to is not None:
+            ns, target = root_end_to
+            ip("link", "set", root_name, "netns", ns)
+            self.root_links.remove(root_name)
+            if target == "br0":
+                ip("link", "set", root_name, "master", "br0", ns=ns)
+                ip("link", "set", root_name, "up", ns=ns)
+                _offloads_off(ns, [root_name])
+            else:
+                ip("link", "set", root_name, "name", target, ns=ns)
+            return target
+        _sysctl_root(f"net/ipv6/conf/{root_name}/disable_ipv6", "1")
+        ip("link", "set", root_name, "up")
+        _offloads_off(None, [root_name])
+        return root_name
+
+    def _limiter(self, name: str, pod: str, role: str, host_if: str, up_if: str) -> None:
+        self.limiters.append(LimiterPorts(name=name, pod=pod, host_if=host_if, uplink_if=up_if, role=role))
 
     def teardown(self) -> None:
         """Remove every namespace and root-namespace link this run created."""

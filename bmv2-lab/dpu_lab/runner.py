@@ -139,7 +139,7 @@ class LabRun:
                         raise
                     await asyncio.sleep(0.1)
             dpus = [
-                (lim.name, lim.pod, tp.address, tp.device_id)
+                (lim.name, lim.role, lim.pod, tp.address, tp.device_id)
                 for tp, lim in zip(self.targets, self.net.limiters, strict=True)
             ]
             await configure(client, sc, dpus)

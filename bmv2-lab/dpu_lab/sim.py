@@ -13,7 +13,7 @@ segment passes or fails as a whole, so near the end of the bucket up to one segm
 frame) can differ. Receivers record wire bytes in 1 ms bins per source, like the real captures.
 
 Not modelled yet: TCP (scenarios with TCP flows need real time), ARP (hosts know the next hop),
-link loss, and node-level placement.
+and link loss.
 """
 
 from __future__ import annotations
@@ -130,10 +130,15 @@ class Receiver:
 
 @dataclass
 class SimNetwork:
-    """Pods with one limiter each on their uplink, joined by a router; hosts on each pod's switch."""
+    """Pods joined by a router; each pod's limiter(s) where its placement puts them.
+
+    pod-uplink: hosts -- pod switch -- limiter -- router.   node: host -- limiter -- pod switch -- router.
+    `limiters` maps a limiter's name (dpu-POD or dpu-HOST) to its packet path (port 0 faces the
+    host side, port 1 the uplink side).
+    """
 
     topology: Topology
-    limiters: dict[str, Processor]  # pod -> the limiter's packet path (port 0 host side, 1 uplink)
+    limiters: dict[str, Processor]
     engine: Engine
     host_link_bps: float = DEFAULT_HOST_LINK_BPS
     uplink_bps: float = DEFAULT_UPLINK_BPS
@@ -146,54 +151,65 @@ class SimNetwork:
             ipaddress.IPv4Address(topo.address_of(h)).packed: h for p in topo.pods for h in p.hosts
         }
         self._pod_of_host = {h: p.name for p in topo.pods for h in p.hosts}
-        self._nets = [(ipaddress.IPv4Network(p.subnet), p.name) for p in topo.pods]
-        # Host -> switch and switch -> host links, limiter <-> switch, limiter <-> router.
-        self._to_switch: dict[str, Link] = {}
-        self._to_host: dict[str, Link] = {}
+        self._nets = [
+            (int(ipaddress.IPv4Network(p.subnet).network_address), int(ipaddress.IPv4Network(p.subnet).netmask), p.name)
+            for p in topo.pods
+        ]
+        self._from_host: dict[str, Link] = {}  # a host's own link, into its limiter or its switch
+        self._switch_to_host: dict[str, Link] = {}  # toward a host: into its limiter or the host itself
+        self._switch_up: dict[str, Link] = {}  # a pod's way out: into its uplink limiter or the router
+        self._router_down: dict[str, Link] = {}  # the router's way into a pod
+        e, hb, ub = self.engine, self.host_link_bps, self.uplink_bps
         for pod in topo.pods:
             for h in pod.hosts:
                 self.receivers[h] = Receiver()
-                self._to_switch[h] = Link(self.engine, self.host_link_bps, self._switch_in(pod.name))
-                self._to_host[h] = Link(self.engine, self.host_link_bps, self._host_in(h))
-        self._switch_to_limiter = {
-            p.name: Link(self.engine, self.uplink_bps, self._limiter_in(p.name, 0)) for p in topo.pods
-        }
-        self._limiter_to_switch = {
-            p.name: Link(self.engine, self.uplink_bps, self._switch_in(p.name)) for p in topo.pods
-        }
-        self._limiter_to_router = {p.name: Link(self.engine, self.uplink_bps, self._router_in) for p in topo.pods}
-        self._router_to_limiter = {
-            p.name: Link(self.engine, self.uplink_bps, self._limiter_in(p.name, 1)) for p in topo.pods
-        }
+                to_host = Link(e, hb, self._host_in(h))
+                if pod.placement == "node":
+                    name = f"dpu-{h}"
+                    to_switch = Link(e, hb, self._switch_in(pod.name))
+                    self._from_host[h] = Link(e, hb, self._limiter_in(name, 0, {0: to_host, 1: to_switch}))
+                    self._switch_to_host[h] = Link(e, hb, self._limiter_in(name, 1, {0: to_host, 1: to_switch}))
+                else:
+                    self._from_host[h] = Link(e, hb, self._switch_in(pod.name))
+                    self._switch_to_host[h] = to_host
+            to_router = Link(e, ub, self._router_in)
+            if pod.placement == "node":
+                self._switch_up[pod.name] = to_router
+                self._router_down[pod.name] = Link(e, ub, self._switch_in(pod.name))
+            else:
+                name = f"dpu-{pod.name}"
+                to_switch = Link(e, ub, self._switch_in(pod.name))
+                outs = {0: to_switch, 1: to_router}
+                self._switch_up[pod.name] = Link(e, ub, self._limiter_in(name, 0, outs))
+                self._router_down[pod.name] = Link(e, ub, self._limiter_in(name, 1, outs))
 
     def pod_of_ip(self, packed: bytes) -> str | None:
         """The pod whose subnet holds an address."""
-        addr = ipaddress.IPv4Address(packed)
-        return next((name for net, name in self._nets if addr in net), None)
+        addr = int.from_bytes(packed, "big")
+        return next((name for net, mask, name in self._nets if addr & mask == net), None)
 
     def send_from(self, host: str, frame: bytes) -> None:
         """A host puts a frame on its link."""
-        self._to_switch[host].send(frame)
+        self._from_host[host].send(frame)
 
     def _switch_in(self, pod: str) -> Callable[[bytes], None]:
         def switch(frame: bytes) -> None:
             dst = self._host_of.get(frame[30:34])
             if dst is not None and self._pod_of_host[dst] == pod:
-                self._to_host[dst].send(frame)  # stays inside the pod: no limiter on the path
-            else:
-                self._switch_to_limiter[pod].send(frame)
+                self._switch_to_host[dst].send(frame)
+            elif self.pod_of_ip(frame[26:30]) == pod or dst is None:
+                self._switch_up[pod].send(frame)  # leaving the pod (or addressed to no known host)
 
         return switch
 
-    def _limiter_in(self, pod: str, port: int) -> Callable[[bytes], None]:
-        process = self.limiters[pod]
+    def _limiter_in(self, name: str, port: int, outs: dict[int, Link]) -> Callable[[bytes], None]:
+        process = self.limiters[name]
 
         def limiter(frame: bytes) -> None:
             for out_port, out in process(port, frame):
-                if out_port == 1:
-                    self._limiter_to_router[pod].send(out)
-                elif out_port == 0:
-                    self._limiter_to_switch[pod].send(out)
+                link = outs.get(out_port)
+                if link is not None:
+                    link.send(out)
 
         return limiter
 
@@ -202,7 +218,7 @@ class SimNetwork:
         if pod is None:
             self.dropped_no_route += 1
             return
-        self._router_to_limiter[pod].send(frame)
+        self._router_down[pod].send(frame)
 
     def _host_in(self, host: str) -> Callable[[bytes], None]:
         rx = self.receivers[host]

@@ -27,6 +27,17 @@ START_S = 0.1  # traffic starts a little after time zero, like the real lab's st
 LINGER_S = 0.05
 
 
+def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
+    """(name, role, pod) of every limiter the topology's placements call for."""
+    out = []
+    for pod in sc.topology.pods:
+        if pod.placement == "node":
+            out += [(f"dpu-{h}", "node", pod.name) for h in pod.hosts]
+        else:
+            out.append((f"dpu-{pod.name}", "pod-uplink", pod.name))
+    return out
+
+
 @dataclass
 class VirtualLabRun:
     """One scenario in virtual time; `run()` returns the report."""
@@ -56,19 +67,19 @@ class VirtualLabRun:
         clock = VirtualClock()
         devices: dict[str, Device] = {}
         servers: list[grpc.aio.Server] = []
-        dpus: list[tuple[str, str, str, int]] = []
+        dpus: list[tuple[str, str, str, str, int]] = []
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
         plane = ControlPlane(db, "127.0.0.1:0")
         try:
-            for i, pod in enumerate(sc.topology.pods):
-                device = Device(i + 1, clock)
+            for name, role, pod_name in limiters_of(sc):
+                device = Device(len(devices) + 1, clock)
                 server = grpc.aio.server()
                 add_to_server(server, device)
                 port = server.add_insecure_port("127.0.0.1:0")
                 await server.start()
-                devices[pod.name], servers = device, [*servers, server]
-                dpus.append((f"dpu-{pod.name}", pod.name, f"127.0.0.1:{port}", i + 1))
+                devices[name], servers = device, [*servers, server]
+                dpus.append((name, role, pod_name, f"127.0.0.1:{port}", len(devices)))
             await plane.start()
             async with LimiterClient(plane.address) as client:
                 await configure(client, sc, dpus)
@@ -87,7 +98,7 @@ class VirtualLabRun:
     async def _simulate(self, clock: VirtualClock, devices: dict[str, Device]) -> tuple[Report, dict]:  # type: ignore[type-arg]
         sc = self.scenario
         engine = Engine(clock)
-        net = SimNetwork(sc.topology, {pod: d.process for pod, d in devices.items()}, engine)
+        net = SimNetwork(sc.topology, {name: d.process for name, d in devices.items()}, engine)
         t = START_S
         phases: list[Phase] = []
         sources: list[tuple[Phase, FlowSpec, UdpSource, int]] = []

@@ -57,6 +57,8 @@ class DpuAgent:
         self.status = AgentStatus()
         self._changed = asyncio.Event()
         self._converged = asyncio.Event()
+        self._poked = 0  # how many times the intent changed
+        self.applied = 0  # the poke count the last successful reconcile started from
         opts = fy.SwitchOptions(
             p4info=program.p4info,
             p4blob=program.bmv2_json,
@@ -84,10 +86,26 @@ class DpuAgent:
                 pass
             self._task = None
 
-    def poke(self) -> None:
-        """The desired state changed: reconcile now."""
+    def poke(self) -> int:
+        """The desired state changed: reconcile now. Returns a ticket for `wait_applied`."""
+        self._poked += 1
         self._converged.clear()
         self._changed.set()
+        return self._poked
+
+    async def wait_applied(self, ticket: int, timeout: float) -> bool:
+        """Wait until a reconcile that started after poke `ticket` has succeeded."""
+
+        async def _wait() -> None:
+            while self.applied < ticket:
+                self._converged.clear()
+                await self._converged.wait()
+
+        try:
+            await asyncio.wait_for(_wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
 
     async def wait_converged(self, generation: int, timeout: float) -> bool:
         """Wait until this DPU has applied `generation` (or later)."""
@@ -145,6 +163,7 @@ class DpuAgent:
 
     async def reconcile(self, sw: fy.Switch) -> None:
         """Read back the DPU's entries and write what differs from the intent."""
+        ticket = self._poked
         generation, intent = self.intent_fn()
         current = [e async for e in sw.read(dp.managed_tables())]  # type: ignore[attr-defined]
         meters = [m async for m in sw.read(dp.meter_reads(intent))]  # type: ignore[attr-defined]
@@ -167,6 +186,7 @@ class DpuAgent:
         self.status.converged = True
         self.status.last_error = ""
         self.status.generation_applied = generation
+        self.applied = ticket
         self._converged.set()
 
     async def _verify_meters(self, sw: fy.Switch, intent: dp.Intent) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 from dataclasses import dataclass
 
 from . import dataplane as dp
-from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod
+from . import shares
+from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
 from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
 from .store import Store
 from .tls import TlsFiles
@@ -54,21 +56,30 @@ class LimiterService:
         self.state: DesiredState = store.load()
         self.agents: dict[str, DpuAgent] = {}
         self._lock = asyncio.Lock()
+        # Node DPUs' granted shares of their pod's cap (None: nothing granted yet, the floor).
+        self.shares: dict[str, Cap | None] = {}
+        self._resharing: dict[str, asyncio.Task[None]] = {}
+        self._share_locks: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         """Start an agent for every stored DPU (a restart resumes from the store)."""
         for dpu in self.state.dpus.values():
             self._start_agent(dpu)
+        for pod in self.state.pods:
+            self._reshare(pod)
 
     async def stop(self) -> None:
         """Stop every agent."""
+        for task in self._resharing.values():
+            task.cancel()
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
         self.agents.clear()
 
     def _start_agent(self, dpu: Dpu) -> None:
         def intent() -> tuple[int, dp.Intent]:
             st = self.state
-            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), st.caps.get(dpu.pod))
+            cap = self.shares.get(dpu.name) if dpu.role == Role.NODE else st.caps.get(dpu.pod)
+            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap)
 
         agent = DpuAgent(dpu, self.program, intent, self.election_id, self.p4runtime_tls)
         self.agents[dpu.name] = agent
@@ -78,6 +89,43 @@ class LimiterService:
         for agent in self.agents.values():
             if agent.dpu.pod == pod:
                 agent.poke()
+        self._reshare(pod)
+
+    # ---------------------------------------------------------------- node shares
+
+    def _reshare(self, pod: str) -> None:
+        """Move the pod's node DPUs to their shares of its cap, in the background (one pass at a time)."""
+        old = self._resharing.get(pod)
+        if old is not None and not old.done():
+            old.cancel()
+        self._resharing[pod] = asyncio.create_task(self._reshare_pass(pod), name=f"reshare-{pod}")
+
+    def resharing(self, pod: str) -> bool:
+        """Whether a share change of `pod` is still being applied."""
+        task = self._resharing.get(pod)
+        return task is not None and not task.done()
+
+    async def _reshare_pass(self, pod: str, step_timeout: float = 30.0) -> None:
+        lock = self._share_locks.setdefault(pod, asyncio.Lock())
+        async with lock:
+            nodes = sorted(d.name for d in self.state.dpus.values() if d.pod == pod and d.role == Role.NODE)
+            cap = self.state.caps.get(pod)
+            target: dict[str, Cap | None] = dict(shares.split(cap, nodes)) if cap else dict.fromkeys(nodes)
+            if all(self.shares.get(n, None) == target[n] for n in nodes) and all(n in self.shares for n in nodes):
+                return
+            # Step 1, shrink: everyone to the lesser of old and new; wait until every node holds it.
+            step = {n: shares.lesser(self.shares.get(n), target[n]) for n in nodes}
+            self.shares.update(step)
+            tickets = {n: self.agents[n].poke() for n in nodes if n in self.agents}
+            while not all(
+                await asyncio.gather(*(self.agents[n].wait_applied(t, step_timeout) for n, t in tickets.items()))
+            ):
+                LOG.warning("pod %s: shrinking node shares is not confirmed by every DPU yet; not growing any", pod)
+            # Step 2, grow.
+            self.shares.update(target)
+            for n in nodes:
+                if n in self.agents:
+                    self.agents[n].poke()
 
     # ---------------------------------------------------------------- writes
 
@@ -114,6 +162,8 @@ class LimiterService:
             await asyncio.to_thread(self.store.add_dpu, dpu, actor)
             self.state = await asyncio.to_thread(self.store.load)
             self._start_agent(dpu)
+        if dpu.role == Role.NODE:
+            self._reshare(dpu.pod)
         return dpu
 
     async def set_cap(self, pod: str, cap: Cap, actor: str = "local") -> Cap:
@@ -138,8 +188,14 @@ class LimiterService:
         return cap
 
     def status(self) -> dict[str, AgentStatus]:
-        """Every agent's last status."""
-        return {name: a.status for name, a in self.agents.items()}
+        """Every agent's last status; a node DPU whose pod is mid-reshare is not converged yet."""
+        out = {}
+        for name, a in self.agents.items():
+            st = a.status
+            if a.dpu.role == Role.NODE and self.resharing(a.dpu.pod):
+                st = dataclasses.replace(st, converged=False)
+            out[name] = st
+        return out
 
     async def wait_converged(self, timeout: float) -> bool:
         """Wait until every DPU applied the current generation."""

@@ -1,0 +1,137 @@
+"""Node-level placement: a pod's cap split into node shares whose sum never exceeds the cap,
+changed shrink-before-grow, and held end to end in the lab."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, serve_in_process
+from dpu_lab.config import load_scenario
+from dpu_lab.virtual import VirtualLabRun
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Cap
+from dpu_limiter.server import ControlPlane
+from dpu_limiter.shares import lesser, split, total
+from p4sim.server import Device
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 18, 72])
+def test_split_never_exceeds_the_cap(n: int) -> None:
+    cap = Cap(1e9 + 7, 333_333_333.0, 60.0, 12_500_001)
+    shares = split(cap, [f"n{i}" for i in range(n)])
+    egress, ingress = total(dict(shares))
+    assert egress <= cap.egress_bps and ingress <= cap.ingress_bps
+    assert egress > cap.egress_bps - 8 * n  # rounded down by less than a byte per second each
+    assert sum(s.burst_bytes for s in shares.values()) <= cap.burst_bytes
+
+
+def test_lesser() -> None:
+    a, b = Cap(10, 20, 60, 5), Cap(20, 10, 60, 7)
+    assert lesser(a, b) == Cap(10, 10, 60, 5)
+    assert lesser(a, None) is None
+
+
+def _granted(devices: list[Device]) -> float:
+    """Sum of the egress meter rates the node DPUs hold right now, in bit/s."""
+    rate = 0.0
+    for d in devices:
+        if d.pipeline is None:
+            continue
+        cfg = d.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
+        rate += 0 if cfg is None else cfg[2] * 8
+    return rate
+
+
+async def test_shrink_before_grow_and_a_dead_node_blocks_growth(tmp_path: Path) -> None:
+    served = [await serve_in_process() for _ in range(3)]
+    devices = [d for d, _, _ in served]
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0")
+    await plane.start()
+    cap = 30e6
+    samples: list[float] = []
+    stop = asyncio.Event()
+
+    async def watch() -> None:  # the invariant, sampled while shares change
+        while not stop.is_set():
+            samples.append(_granted(devices))
+            await asyncio.sleep(0.001)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            for i, (_, _, addr) in enumerate(served[:2]):
+                await c.register_dpu(
+                    pb.Dpu(
+                        name=f"n{i}",
+                        p4runtime_address=addr,
+                        device_id=1,
+                        pod="a",
+                        role=pb.DPU_ROLE_NODE,
+                        host_port=0,
+                        uplink_port=1,
+                    )
+                )
+            await c.set_pod_cap("a", cap, cap, 10.0, 300_000)
+            await c.wait_converged(timeout=30)
+            assert _granted(devices) == pytest.approx(cap, rel=1e-6)  # two shares of 15 Mbit/s
+            # A third node joins: 15 -> 10 Mbit/s for the first two, 0 -> 10 for the new one.
+            await c.register_dpu(
+                pb.Dpu(
+                    name="n2",
+                    p4runtime_address=served[2][2],
+                    device_id=1,
+                    pod="a",
+                    role=pb.DPU_ROLE_NODE,
+                    host_port=0,
+                    uplink_port=1,
+                )
+            )
+            await c.wait_converged(timeout=30)
+            assert _granted(devices) == pytest.approx(cap, rel=1e-6)
+            # A fourth node that never answers: the others shrink to 7.5, nobody grows to 7.5.
+            await c.register_dpu(
+                pb.Dpu(
+                    name="n3",
+                    p4runtime_address="127.0.0.1:1",
+                    device_id=1,
+                    pod="a",
+                    role=pb.DPU_ROLE_NODE,
+                    host_port=0,
+                    uplink_port=1,
+                )
+            )
+            await asyncio.sleep(3)
+            status = {d.name: d for d in (await c.status()).dpus}
+            assert not status["n0"].converged  # the share change is still pending
+        rates = [
+            d.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
+            for d in devices
+            if d.pipeline
+        ]
+        assert all(r is not None and r[2] * 8 <= 7.5e6 + 8 for r in rates)
+    finally:
+        stop.set()
+        await watcher
+        await plane.stop()
+        for _, server, _ in served:
+            await server.stop(grace=0)
+    assert samples and max(samples) <= cap + 1e-6
+
+
+def test_node_placement_in_virtual_time(tmp_path: Path) -> None:
+    sc = load_scenario(ROOT / "bmv2-lab" / "scenarios" / "two-pods-nodes.yaml")
+    sc = sc.model_copy(update={"phases": [ph.model_copy(update={"duration_s": 4.0}) for ph in sc.phases]})
+    r = VirtualLabRun(sc, tmp_path).run()
+    assert r.cap_held
+    flows = {f.name: f for f in r.flows}
+    # Each node gets its half of the 20 Mbit/s pod cap (plus its half of the burst over 4 s).
+    for name in ("a1-to-b1", "a2-to-b2"):
+        assert 0.9 * 10e6 <= flows[name].delivered_bps <= 10e6 + 1_250_000 * 8 / 4 + 1
+    assert flows["a1-to-a2-intra"].loss_ratio == 0.0  # intra-pod: no cap on the path

@@ -135,3 +135,25 @@ def test_node_placement_in_virtual_time(tmp_path: Path) -> None:
     for name in ("a1-to-b1", "a2-to-b2"):
         assert 0.9 * 10e6 <= flows[name].delivered_bps <= 10e6 + 1_250_000 * 8 / 4 + 1
     assert flows["a1-to-a2-intra"].loss_ratio == 0.0  # intra-pod: no cap on the path
+
+
+def test_allocate_is_max_min_fair_and_within_the_cap() -> None:
+    from dpu_limiter.shares import allocate
+
+    a = allocate(20e6, {"idle": 0.0, "busy": 25e6})
+    assert sum(a.values()) <= 20e6 + 1e-6
+    assert a["busy"] > 18e6  # the idle node keeps only its floor
+    b = allocate(20e6, {"light": 4e6, "heavy": 25e6})
+    assert b["light"] == pytest.approx(4.4e6) and b["heavy"] == pytest.approx(15.6e6)
+    c = allocate(20e6, {"x": 1e6, "y": 2e6})  # spare budget is spread, none wasted
+    assert sum(c.values()) == pytest.approx(20e6)
+
+
+def test_rebalancing_moves_unused_share_and_holds_the_cap(tmp_path: Path) -> None:
+    sc = load_scenario(ROOT / "bmv2-lab" / "scenarios" / "two-pods-nodes-rebalance.yaml")
+    sc = sc.model_copy(update={"phases": [ph.model_copy(update={"duration_s": 8.0}) for ph in sc.phases]})
+    r = VirtualLabRun(sc, tmp_path).run()
+    assert r.cap_held, [(x.pod, x.direction, x.max_window_bytes, x.allowed_window_bytes) for x in r.results]
+    flows = {f.name: f for f in r.flows}
+    assert flows["a1-to-b1-alone"].delivered_bps > 1.5 * 10e6  # more than its static half of the pod cap
+    assert flows["a2-to-b2-light"].loss_ratio < 0.15  # the light node gets what it asks for, after a ramp

@@ -112,6 +112,7 @@ class CapSpec(_Model):
     ingress: float
     window_s: float = Field(gt=0, le=86_400)
     burst_bytes: int = Field(default=0, ge=0, le=(1 << 32) - 1)
+    rebalance: bool = False  # node placement: shares follow measured demand
 
     @field_validator("egress", "ingress", mode="before")
     @classmethod

@@ -41,7 +41,7 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[tuple[str, s
             )
         )
     for cap in sc.caps:
-        await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes)
+        await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes, cap.rebalance)
     await client.wait_converged(timeout=60)
 
 

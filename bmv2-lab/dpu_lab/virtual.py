@@ -25,6 +25,7 @@ from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 BASE_PORT = 5201
 START_S = 0.1  # traffic starts a little after time zero, like the real lab's start delay
 LINGER_S = 0.05
+REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
 
 
 def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
@@ -70,7 +71,8 @@ class VirtualLabRun:
         dpus: list[tuple[str, str, str, str, int]] = []
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
-        plane = ControlPlane(db, "127.0.0.1:0")
+        # No real-time rebalancing loop: between simulation steps, rebalancing runs on simulated time.
+        plane = ControlPlane(db, "127.0.0.1:0", rebalance_interval_s=REBALANCE_S, rebalance_loop=False)
         try:
             for name, role, pod_name in limiters_of(sc):
                 device = Device(len(devices) + 1, clock)
@@ -84,7 +86,7 @@ class VirtualLabRun:
             async with LimiterClient(plane.address) as client:
                 await configure(client, sc, dpus)
             self._say(f"scenario [bold]{sc.name}[/]: {len(devices)} embedded targets programmed by the control plane")
-            report, series = await self._simulate(clock, devices)
+            report, series = await self._simulate(clock, devices, plane)
             report.dpu_counters = await dpu_counters(plane.address)
         finally:
             await plane.stop()
@@ -95,7 +97,9 @@ class VirtualLabRun:
         self._say(f"cap {verdict}; report in {self.out_dir}")
         return report
 
-    async def _simulate(self, clock: VirtualClock, devices: dict[str, Device]) -> tuple[Report, dict]:  # type: ignore[type-arg]
+    async def _simulate(  # type: ignore[type-arg]
+        self, clock: VirtualClock, devices: dict[str, Device], plane: ControlPlane
+    ) -> tuple[Report, dict]:
         sc = self.scenario
         engine = Engine(clock)
         net = SimNetwork(sc.topology, {name: d.process for name, d in devices.items()}, engine)
@@ -115,7 +119,15 @@ class VirtualLabRun:
         end_ns = int((t + LINGER_S) * NS)
         cpu0, wall0 = time.process_time(), time.monotonic()
         # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
-        await asyncio.to_thread(engine.run, end_ns)
+        rebalancing = [c.pod for c in sc.caps if c.rebalance]
+        step_ns = int(REBALANCE_S * NS) if rebalancing else end_ns
+        t_ns = 0
+        while t_ns < end_ns:
+            t_ns = min(t_ns + step_ns, end_ns)
+            await asyncio.to_thread(engine.run, t_ns)
+            for pod in rebalancing:  # the control plane acts in no simulated time
+                if await plane.service.rebalance_pod(pod, t_ns / NS):
+                    await plane.service.settle(pod)
         self.stats = {
             "virtual_s": end_ns / NS,
             "cpu_s": time.process_time() - cpu0,

@@ -47,13 +47,17 @@ def dpu_to_pb(d: Dpu) -> pb.Dpu:
 def cap_to_pb(cap: Cap) -> pb.Cap:
     """Model to proto."""
     return pb.Cap(
-        egress_bps=cap.egress_bps, ingress_bps=cap.ingress_bps, window_s=cap.window_s, burst_bytes=cap.burst_bytes
+        egress_bps=cap.egress_bps,
+        ingress_bps=cap.ingress_bps,
+        window_s=cap.window_s,
+        burst_bytes=cap.burst_bytes,
+        rebalance=cap.rebalance,
     )
 
 
 def cap_from_pb(c: pb.Cap) -> Cap:
     """Proto to validated model."""
-    return Cap.validated(Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes))
+    return Cap.validated(Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes, c.rebalance))
 
 
 class LimiterApi(pb_grpc.LimiterServicer):

@@ -77,7 +77,8 @@ async def plan_apply(client: LimiterClient, m: Manifest) -> list[Change]:
             have_cap.ingress_bps,
             have_cap.window_s,
             have_cap.burst_bytes,
-        ) == (cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes)
+            have_cap.rebalance,
+        ) == (cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance)
         verb = "create" if have_cap is None else "unchanged" if same else "update"
         detail = _cap_text(cap) if have_cap is None or same else f"{_cap_text(have_cap)} -> {_cap_text(cap)}"
         out.append(Change(verb, "cap", pod_name, detail))
@@ -95,4 +96,6 @@ async def apply(client: LimiterClient, m: Manifest, changes: list[Change]) -> No
             await client.register_dpu(_dpu_pb(d))
     for pod_name, cap in m.caps.items():
         if ("cap", pod_name) in todo:
-            await client.set_pod_cap(pod_name, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes)
+            await client.set_pod_cap(
+                pod_name, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance
+            )

@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
     cset.add_argument("--ingress", required=True, help="rate into the pod, bit/s")
     cset.add_argument("--window", type=float, required=True, help="averaging window, seconds")
     cset.add_argument("--burst", type=int, default=0, help="meter burst, bytes (default: 100 ms at the rate)")
+    cset.add_argument(
+        "--rebalance",
+        action="store_true",
+        help="node placement: move unused share between the pod's nodes from measured usage",
+    )
     cget = cap.add_parser("get", help="show a pod's cap")
     cget.add_argument("pod")
     aud = sub.add_parser("audit", help="the hash-chained log of every change").add_subparsers(
@@ -309,7 +314,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
             except UnitError as exc:
                 print(f"dpu-limiter: {exc}", file=sys.stderr)
                 return 2
-            msg = await c.set_pod_cap(args.pod, egress, ingress, args.window, args.burst)
+            msg = await c.set_pod_cap(args.pod, egress, ingress, args.window, args.burst, args.rebalance)
         elif args.cmd == "cap":
             msg = await c.get_pod_cap(args.pod)
         elif args.cmd == "usage":

@@ -41,10 +41,22 @@ class LimiterClient:
         return await self.stub.RegisterDpu(pb.RegisterDpuRequest(dpu=dpu))
 
     async def set_pod_cap(
-        self, pod: str, egress_bps: float, ingress_bps: float, window_s: float, burst_bytes: int = 0
+        self,
+        pod: str,
+        egress_bps: float,
+        ingress_bps: float,
+        window_s: float,
+        burst_bytes: int = 0,
+        rebalance: bool = False,
     ) -> pb.PodCap:
-        """Set a pod's cap (bit/s, seconds, bytes)."""
-        cap = pb.Cap(egress_bps=egress_bps, ingress_bps=ingress_bps, window_s=window_s, burst_bytes=burst_bytes)
+        """Set a pod's cap (bit/s, seconds, bytes; rebalance: node shares follow demand)."""
+        cap = pb.Cap(
+            egress_bps=egress_bps,
+            ingress_bps=ingress_bps,
+            window_s=window_s,
+            burst_bytes=burst_bytes,
+            rebalance=rebalance,
+        )
         return await self.stub.SetPodCap(pb.SetPodCapRequest(pod=pod, cap=cap))
 
     async def get_pod_cap(self, pod: str) -> pb.PodCap:

@@ -101,7 +101,10 @@ def load_manifest(path: Path) -> Manifest:
             window = item.get("window_s")
             if not isinstance(window, int | float) or isinstance(window, bool):
                 raise InvalidArgument(f"{where}.window_s", window, "must be a number of seconds")
-            cap = Cap(rates["egress"], rates["ingress"], float(window), _int(item, "burst_bytes", where, 0))
+            rebalance = item.get("rebalance", False)
+            if not isinstance(rebalance, bool):
+                raise InvalidArgument(f"{where}.rebalance", rebalance, "must be true or false")
+            cap = Cap(rates["egress"], rates["ingress"], float(window), _int(item, "burst_bytes", where, 0), rebalance)
             m.caps[pod] = Cap.validated(cap, where)
     except InvalidArgument as exc:
         raise ManifestError(f"{path}: {exc}") from None

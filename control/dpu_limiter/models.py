@@ -125,6 +125,7 @@ class Cap:
     ingress_bps: float
     window_s: float
     burst_bytes: int = 0
+    rebalance: bool = False  # node shares follow measured demand (node placement only)
 
     @staticmethod
     def validated(cap: Cap, field_prefix: str = "cap") -> Cap:
@@ -149,7 +150,7 @@ class Cap:
             raise InvalidArgument(
                 f"{field_prefix}.burst_bytes", cap.burst_bytes, f"must be <= {MAX_PI_BURST} (32-bit meter bursts)"
             ) from None
-        return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst))
+        return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst), bool(cap.rebalance))
 
 
 @dataclass

@@ -31,9 +31,17 @@ class ControlPlane:
         metrics_interval_s: float = 5.0,
         tls: TlsFiles | None = None,
         p4runtime_tls: TlsFiles | None = None,
+        rebalance_interval_s: float = 2.0,
+        rebalance_loop: bool = True,
     ) -> None:
         self.store = Store(db_path)
-        self.service = LimiterService(self.store, program, p4runtime_tls=p4runtime_tls)
+        self.service = LimiterService(
+            self.store,
+            program,
+            p4runtime_tls=p4runtime_tls,
+            rebalance_interval_s=rebalance_interval_s,
+            rebalance_loop=rebalance_loop,
+        )
         self.server = grpc.aio.server()
         api.add_to_server(self.server, self.service, mtls=tls is not None)
         if tls is None:

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import time
 from dataclasses import dataclass
 
 from . import dataplane as dp
@@ -48,6 +49,8 @@ class LimiterService:
         program: dp.ProgramFiles | None = None,
         election_id: int = ELECTION_ID,
         p4runtime_tls: TlsFiles | None = None,
+        rebalance_interval_s: float = 2.0,
+        rebalance_loop: bool = True,
     ) -> None:
         self.store = store
         self.p4runtime_tls = p4runtime_tls
@@ -60,6 +63,13 @@ class LimiterService:
         self.shares: dict[str, Cap | None] = {}
         self._resharing: dict[str, asyncio.Task[None]] = {}
         self._share_locks: dict[str, asyncio.Lock] = {}
+        # Rebalancing pods: demand-based grants, and each node's last counter sample (time, egress, ingress).
+        self._targets: dict[str, dict[str, Cap]] = {}
+        self._samples: dict[str, tuple[float, int, int]] = {}
+        self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
+        self.rebalance_interval_s = rebalance_interval_s
+        self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
+        self._rebalancer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start an agent for every stored DPU (a restart resumes from the store)."""
@@ -67,11 +77,15 @@ class LimiterService:
             self._start_agent(dpu)
         for pod in self.state.pods:
             self._reshare(pod)
+        if self.rebalance_loop:
+            self._rebalancer = asyncio.create_task(self._rebalance_loop(self.rebalance_interval_s))
 
     async def stop(self) -> None:
         """Stop every agent."""
         for task in self._resharing.values():
             task.cancel()
+        if self._rebalancer is not None:
+            self._rebalancer.cancel()
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
         self.agents.clear()
 
@@ -100,6 +114,12 @@ class LimiterService:
             old.cancel()
         self._resharing[pod] = asyncio.create_task(self._reshare_pass(pod), name=f"reshare-{pod}")
 
+    async def settle(self, pod: str) -> None:
+        """Wait until the pod's share change (if any) has been applied."""
+        task = self._resharing.get(pod)
+        if task is not None:
+            await asyncio.shield(task)
+
     def resharing(self, pod: str) -> bool:
         """Whether a share change of `pod` is still being applied."""
         task = self._resharing.get(pod)
@@ -108,9 +128,8 @@ class LimiterService:
     async def _reshare_pass(self, pod: str, step_timeout: float = 30.0) -> None:
         lock = self._share_locks.setdefault(pod, asyncio.Lock())
         async with lock:
-            nodes = sorted(d.name for d in self.state.dpus.values() if d.pod == pod and d.role == Role.NODE)
-            cap = self.state.caps.get(pod)
-            target: dict[str, Cap | None] = dict(shares.split(cap, nodes)) if cap else dict.fromkeys(nodes)
+            nodes = self._nodes(pod)
+            target = self._target(pod, nodes)
             if all(self.shares.get(n, None) == target[n] for n in nodes) and all(n in self.shares for n in nodes):
                 return
             # Step 1, shrink: everyone to the lesser of old and new; wait until every node holds it.
@@ -123,9 +142,84 @@ class LimiterService:
                 LOG.warning("pod %s: shrinking node shares is not confirmed by every DPU yet; not growing any", pod)
             # Step 2, grow.
             self.shares.update(target)
-            for n in nodes:
-                if n in self.agents:
-                    self.agents[n].poke()
+            tickets = {n: self.agents[n].poke() for n in nodes if n in self.agents}
+            if not all(
+                await asyncio.gather(*(self.agents[n].wait_applied(t, step_timeout) for n, t in tickets.items()))
+            ):
+                LOG.warning("pod %s: growing node shares is not confirmed by every DPU yet", pod)
+
+    def _nodes(self, pod: str) -> list[str]:
+        return sorted(d.name for d in self.state.dpus.values() if d.pod == pod and d.role == Role.NODE)
+
+    def _target(self, pod: str, nodes: list[str]) -> dict[str, Cap | None]:
+        """What each node DPU of `pod` should be granted: nothing, static equal shares, or by demand."""
+        cap = self.state.caps.get(pod)
+        if cap is None:
+            return dict.fromkeys(nodes)
+        demand = self._targets.get(pod)
+        if cap.rebalance and demand is not None and sorted(demand) == nodes:
+            return dict(demand)
+        equal = shares.split(cap, nodes)
+        if cap.rebalance and nodes:
+            # Small buckets from the start: the refill bound counts the initial grants too.
+            burst, _ = shares.node_burst(cap, len(nodes), self.rebalance_interval_s)
+            return {n: dataclasses.replace(c, burst_bytes=burst) for n, c in equal.items()}
+        return dict(equal)
+
+    async def _rebalance_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            for pod, cap in list(self.state.caps.items()):
+                if cap.rebalance:
+                    try:
+                        await self.rebalance_pod(pod, time.monotonic())
+                    except Exception as exc:  # one pod's trouble must not stop the others
+                        LOG.warning("rebalancing pod %s failed: %s", pod, exc)
+
+    async def rebalance_pod(self, pod: str, now_s: float, min_change: float = 0.1) -> bool:
+        """Re-grant the pod's node shares from the demand measured since the last sample at `now_s`.
+
+        Demand is what reached each node's meter (green + red bytes) per second. Returns whether the
+        grants changed (then a shrink-before-grow pass applies them).
+        """
+        cap = self.state.caps.get(pod)
+        nodes = self._nodes(pod)
+        if cap is None or not cap.rebalance or not nodes:
+            return False
+        reads = await asyncio.gather(*(self.agents[n].read_usage() for n in nodes))
+        demand_e: dict[str, float] = {}
+        demand_i: dict[str, float] = {}
+        for n, usage in zip(nodes, reads, strict=True):
+            e = usage["egress"]["green"][1] + usage["egress"]["red"][1]
+            i = usage["ingress"]["green"][1] + usage["ingress"]["red"][1]
+            prev = self._samples.get(n)
+            self._samples[n] = (now_s, e, i)
+            if prev is None or now_s <= prev[0]:
+                continue
+            dt = now_s - prev[0]
+            demand_e[n], demand_i[n] = (e - prev[1]) * 8 / dt, (i - prev[2]) * 8 / dt
+        if sorted(demand_e) != nodes:
+            return False  # a first sample: nothing to compare with yet
+        burst, allowed = shares.node_burst(cap, len(nodes), self.rebalance_interval_s)
+        recent = [t for t in self._changes.get(pod, []) if t > now_s - cap.window_s]
+        if len(recent) >= allowed:
+            return False  # another refill now could exceed the window's allowance
+        new = shares.rebalanced(cap, demand_e, demand_i, burst)
+        old = self._targets.get(pod)
+        if (
+            old is not None
+            and sorted(old) == nodes
+            and all(
+                abs(new[n].egress_bps - old[n].egress_bps) <= min_change * max(old[n].egress_bps, 1)
+                and abs(new[n].ingress_bps - old[n].ingress_bps) <= min_change * max(old[n].ingress_bps, 1)
+                for n in nodes
+            )
+        ):
+            return False
+        self._targets[pod] = new
+        self._changes[pod] = [*recent, now_s]
+        self._reshare(pod)
+        return True
 
     # ---------------------------------------------------------------- writes
 

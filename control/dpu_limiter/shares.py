@@ -9,6 +9,8 @@ more than the cap, also while a change is half applied.
 
 from __future__ import annotations
 
+import math
+
 from .models import Cap
 
 
@@ -41,3 +43,58 @@ def total(shares: dict[str, Cap | None]) -> tuple[float, float]:
     """Sum of egress and ingress rates granted."""
     granted = [c for c in shares.values() if c is not None]
     return sum(c.egress_bps for c in granted), sum(c.ingress_bps for c in granted)
+
+
+def allocate(
+    cap_bps: float, demands: dict[str, float], floor_frac: float = 0.05, headroom: float = 0.1
+) -> dict[str, float]:
+    """Max-min fair shares of `cap_bps` from measured demands (BwE-like water-filling).
+
+    A node asking for less than its fair share gets its demand plus `headroom` (at least a floor, so
+    an idle node can start); the rest split what remains equally; budget nobody asked for is spread
+    evenly, so none is wasted. The result never sums to more than `cap_bps`.
+    """
+    if not demands:
+        return {}
+    floor = cap_bps * floor_frac / len(demands)
+    want = {k: max(d * (1 + headroom), floor) for k, d in demands.items()}
+    alloc: dict[str, float] = {}
+    remaining = cap_bps
+    pending = sorted(want, key=lambda k: want[k])
+    while pending:
+        fair = remaining / len(pending)
+        k = pending[0]
+        if want[k] > fair:
+            for rest in pending:
+                alloc[rest] = fair
+            remaining = 0.0
+            break
+        alloc[k] = want[k]
+        remaining -= want[k]
+        pending.pop(0)
+    if remaining > 0:
+        for k in alloc:
+            alloc[k] += remaining / len(alloc)
+    return alloc
+
+
+MIN_NODE_BURST = 16 * 1024  # several full frames: a node's bucket must pass whole frames
+
+
+def node_burst(cap: Cap, nodes: int, interval_s: float) -> tuple[int, int]:
+    """(each node's bucket, changes allowed per window) for a pod that rebalances every `interval_s`.
+
+    Every change rewrites meters, and a meter write refills its bucket. With at most C changes in a
+    window and buckets of B / (nodes x (C + 1)), refills can never add up to more than the pod's
+    burst B within one window: the cap's allowance (rate x window + B) still holds.
+    """
+    changes = math.ceil(cap.window_s / interval_s)
+    burst = max(cap.burst_bytes // (nodes * (changes + 1)), MIN_NODE_BURST)
+    return burst, max(0, cap.burst_bytes // (nodes * burst) - 1)
+
+
+def rebalanced(cap: Cap, egress: dict[str, float], ingress: dict[str, float], burst: int) -> dict[str, Cap]:
+    """Node grants from measured demands (bit/s per node and direction), each with bucket `burst`."""
+    nodes = sorted(egress)
+    e, i = allocate(cap.egress_bps, egress), allocate(cap.ingress_bps, ingress)
+    return {n: Cap(int(e[n] / 8) * 8.0, int(i[n] / 8) * 8.0, cap.window_s, burst) for n in nodes}

@@ -41,6 +41,13 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        # State files from before a column existed get it with its default.
+        cols = {row[1] for row in self._db.execute("PRAGMA table_info(caps)")}
+        if "rebalance" not in cols:
+            self._db.execute("ALTER TABLE caps ADD COLUMN rebalance INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         """Close the database."""
@@ -120,8 +127,9 @@ class Store:
     def put_cap(self, pod: str, cap: Cap, actor: str = "local") -> int:
         """Insert or replace a pod's cap."""
         return self._write(
-            "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes) VALUES (?, ?, ?, ?, ?)",
-            (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes),
+            "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, int(cap.rebalance)),
             "set-cap",
             f"pod/{pod}/cap",
             {
@@ -129,6 +137,7 @@ class Store:
                 "ingress_bps": cap.ingress_bps,
                 "window_s": cap.window_s,
                 "burst_bytes": cap.burst_bytes,
+                "rebalance": cap.rebalance,
             },
             actor,
         )
@@ -144,8 +153,10 @@ class Store:
                 "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port FROM dpus"
             ):
                 state.dpus[row[0]] = Dpu(row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]))
-            for pod, e, i, w, b in cur.execute("SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes FROM caps"):
-                state.caps[pod] = Cap(e, i, w, int(b))
+            for pod, e, i, w, b, r in cur.execute(
+                "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance FROM caps"
+            ):
+                state.caps[pod] = Cap(e, i, w, int(b), bool(r))
             row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             state.generation = int(row[0]) if row else 0
             return state

@@ -67,7 +67,16 @@ def test_dry_run_then_apply_then_nothing_to_do(tmp_path: Path, server: str) -> N
     assert changes(cli("apply", "-f", str(f), "--json", "--server", server)) == want
     assert all(v == "unchanged" for v, _, _ in changes(cli("apply", "-f", str(f), "--json", "--server", server)))
     caps = json.loads(cli("get", "caps", "--json", "--server", server).stdout)
-    assert caps == [{"pod": "a", "egress_bps": 1e9, "ingress_bps": 5e8, "window_s": 60.0, "burst_bytes": "12500000"}]
+    assert caps == [
+        {
+            "pod": "a",
+            "egress_bps": 1e9,
+            "ingress_bps": 5e8,
+            "window_s": 60.0,
+            "burst_bytes": "12500000",
+            "rebalance": False,
+        }
+    ]
     f.write_text(MANIFEST.replace("egress: 1G", "egress: 2G"))
     assert ("update", "cap", "a") in changes(cli("apply", "-f", str(f), "--json", "--server", server))
     assert "Mbit/s" in cli("apply", "-f", str(f), "--dry-run", "--server", server).stdout  # the readable table

@@ -17,6 +17,12 @@ OFF = (
     "tx-generic-segmentation",
     "rx-gro",
     "tx-udp-segmentation",
+    # VLAN tags stripped on receive (rx) or added late on send (tx) would hide them from a software
+    # switch reading a raw socket: a tagged frame would be classified as untagged.
+    "rx-vlan-hw-parse",
+    "tx-vlan-hw-insert",
+    "rx-vlan-stag-hw-parse",
+    "tx-vlan-stag-hw-insert",
 )
 
 

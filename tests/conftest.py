@@ -51,8 +51,9 @@ def can_netns() -> str | None:
     return None
 
 
-def start_embedded(port: int, log: Path) -> subprocess.Popen[bytes]:
-    """The embedded target as a process with no pipeline, serving P4Runtime on 127.0.0.1:port."""
+def start_embedded(port: int, log: Path, interfaces: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """The embedded target as a process with no pipeline, serving P4Runtime on 127.0.0.1:port
+    (`interfaces`: simple_switch-style `-i PORT@IF` arguments)."""
     with log.open("ab") as out:  # a file, not a pipe: nobody drains a pipe while a test runs
         proc = subprocess.Popen(
             [
@@ -61,6 +62,7 @@ def start_embedded(port: int, log: Path) -> subprocess.Popen[bytes]:
                 "p4sim.main",
                 "--device-id",
                 "1",
+                *(interfaces or []),
                 "--no-p4",
                 "--",
                 "--grpc-server-addr",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -12,6 +13,12 @@ ETH_P_ALL = 0x0003
 PACKET_IGNORE_OUTGOING = 23  # linux/if_packet.h, Linux >= 4.20
 PACKET_OUTGOING = 4
 SOL_PACKET = 263  # linux/socket.h; not exported by every Python build
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 0x10
+TP_STATUS_VLAN_TPID_VALID = 0x40
+# struct tpacket_auxdata: status, len, snaplen, mac, net (u32 u32 u32 u16 u16), vlan_tci, vlan_tpid (u16 u16).
+AUXDATA = struct.Struct("=IIIHHHH")
+AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
 MAX_FRAME = 65535
 BATCH = 64  # frames drained from one socket before looking at the others
 
@@ -26,6 +33,17 @@ def parse_interface(spec: str) -> tuple[int, str]:
     if len(ifname) > 15:
         raise ValueError(f"interface {spec!r}: name longer than 15 characters")
     return int(port), ifname
+
+
+def with_vlan_tag(frame: bytes, ancillary: list[tuple[int, int, bytes]]) -> bytes:
+    """The frame with the VLAN tag the kernel moved into PACKET_AUXDATA put back after the MACs."""
+    for level, kind, data in ancillary:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
+            status, _, _, _, _, tci, tpid = AUXDATA.unpack_from(data)
+            if status & TP_STATUS_VLAN_VALID:
+                tpid = tpid if status & TP_STATUS_VLAN_TPID_VALID and tpid else 0x8100
+                return frame[:12] + struct.pack("!HH", tpid, tci) + frame[12:]
+    return frame
 
 
 class RawPorts:
@@ -48,6 +66,9 @@ class RawPorts:
                     s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
                 except OSError:
                     pass  # older kernels: outgoing frames are filtered by pkttype below
+                # A NIC (or veth) may strip an 802.1Q tag into metadata; ask for it to put it back, as
+                # libpcap does for bmv2: a tagged frame must reach the pipeline tagged.
+                s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
                 s.bind((ifname, ETH_P_ALL))
                 s.setblocking(False)
                 self.socks[port] = s
@@ -72,13 +93,15 @@ class RawPorts:
                     port, s = by_fd[fd]
                     for _ in range(BATCH):
                         try:
-                            data, addr = s.recvfrom(MAX_FRAME)
+                            data, anc, _, addr = s.recvmsg(MAX_FRAME, AUX_SPACE)
                         except BlockingIOError:
                             break
                         except OSError:
                             break
                         if addr[2] == PACKET_OUTGOING:
                             continue
+                        if anc:
+                            data = with_vlan_tag(data, anc)
                         self.rx_frames += 1
                         for eport, out in process(port, data):
                             tx = socks.get(eport)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from netns_pair import NsPair, ip
 
 from p4sim.server import Device, add_to_server
 
@@ -126,3 +128,27 @@ async def in_process_target() -> AsyncIterator[InProcess]:
     finally:
         await channel.close()
         await server.stop(grace=0)
+
+
+@pytest.fixture
+def ns_pair() -> Iterator[NsPair]:
+    """Create two namespaces with a veth pair and IPv6 off; always delete them afterwards."""
+    tag = "dlt" + secrets.token_hex(3)
+    subnet = secrets.randbelow(256)
+    pair = NsPair(f"{tag}-a", f"{tag}-b", f"{tag}a", f"{tag}b", f"10.199.{subnet}.1", f"10.199.{subnet}.2")
+    created: list[str] = []
+    try:
+        for ns in (pair.ns_a, pair.ns_b):
+            ip("netns", "add", ns)
+            created.append(ns)
+            ip("netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+            ip("netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
+        ip("link", "add", pair.if_a, "netns", pair.ns_a, "type", "veth", "peer", "name", pair.if_b, "netns", pair.ns_b)
+        for ns, iface, addr in ((pair.ns_a, pair.if_a, pair.ip_a), (pair.ns_b, pair.if_b, pair.ip_b)):
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", iface)
+            ip("-n", ns, "link", "set", iface, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield pair
+    finally:
+        for ns in created:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from netns_pair import LAB_PATH, NsPair, finish, load, start
 
-import dpu_lab
 from dpu_lab.iperf import udp_client_args, udp_payload_rate
 from dpu_lab.traffic import wire_bytes_udp
 
-LAB_PATH = str(Path(dpu_lab.__file__).resolve().parent.parent)
 # Python start-up in a namespace takes a few hundred ms on a busy 2-core machine; iperf3's
 # server must be listening before its client starts.
 START_DELAY_S = 1.5
@@ -43,81 +39,16 @@ _WHY_NOT = _unavailable()
 needs_iperf3_netns = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
 
 
-@dataclass
-class NsPair:
-    """Two namespaces joined by a veth pair: A (sender side) and B (receiver side)."""
-
-    ns_a: str
-    ns_b: str
-    if_a: str
-    if_b: str
-    ip_a: str
-    ip_b: str
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@pytest.fixture
-def ns_pair() -> Iterator[NsPair]:
-    """Create two namespaces with a veth pair and IPv6 off; always delete them afterwards."""
-    tag = "dli" + secrets.token_hex(3)
-    subnet = secrets.randbelow(256)
-    pair = NsPair(f"{tag}-a", f"{tag}-b", f"{tag}a", f"{tag}b", f"10.198.{subnet}.1", f"10.198.{subnet}.2")
-    created: list[str] = []
-    try:
-        for ns in (pair.ns_a, pair.ns_b):
-            _ip("netns", "add", ns)
-            created.append(ns)
-            _ip("netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
-            _ip("netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")
-        _ip("link", "add", pair.if_a, "netns", pair.ns_a, "type", "veth", "peer", "name", pair.if_b, "netns", pair.ns_b)
-        for ns, iface, addr in ((pair.ns_a, pair.if_a, pair.ip_a), (pair.ns_b, pair.if_b, pair.ip_b)):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", iface)
-            _ip("-n", ns, "link", "set", iface, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield pair
-    finally:
-        for ns in created:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-def _start(ns: str, module: str, args: Sequence[str], out: Path) -> subprocess.Popen[bytes]:
-    """Start ``python -m module args --out out`` inside namespace ``ns``."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [LAB_PATH, os.environ.get("PYTHONPATH")])))
-    command = ["ip", "netns", "exec", ns, sys.executable, "-m", module, *args, "--out", str(out)]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _finish(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
-    """Wait for the processes; kill those still running at the timeout; require exit 0."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            assert proc.returncode == 0, f"{proc.args!r} failed: {err.decode()}"
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-def _load(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
 def _flow(
     pair: NsPair, module: str, protocol: str, port: int, duration: float, out: Path, extra: Sequence[str] = ()
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run one receiver/sender pair of ``module``; return (sender, receiver) results."""
     start_at = str(time.time() + START_DELAY_S)
     timing = ["--port", str(port), "--duration", str(duration), "--start-at", start_at]
-    recv = _start(pair.ns_b, module, [f"{protocol}-recv", *timing, "--linger", "1"], out / "recv.json")
-    send = _start(pair.ns_a, module, [f"{protocol}-send", "--dst", pair.ip_b, *timing, *extra], out / "send.json")
-    _finish([send, recv], timeout_s=START_DELAY_S + duration + 10)
-    return _load(out / "send.json"), _load(out / "recv.json")
+    recv = start(pair.ns_b, module, [f"{protocol}-recv", *timing, "--linger", "1"], out / "recv.json")
+    send = start(pair.ns_a, module, [f"{protocol}-send", "--dst", pair.ip_b, *timing, *extra], out / "send.json")
+    finish([send, recv], timeout_s=START_DELAY_S + duration + 10)
+    return load(out / "send.json"), load(out / "recv.json")
 
 
 @pytest.mark.netns
@@ -173,16 +104,16 @@ def test_result_keys_match_builtin_generator(ns_pair: NsPair, tmp_path: Path, pr
 @needs_iperf3_netns
 def test_receiver_without_client_stops_at_deadline(ns_pair: NsPair, tmp_path: Path) -> None:
     began = time.monotonic()
-    proc = _start(
+    proc = start(
         ns_pair.ns_b,
         "dpu_lab.iperf",
         ["tcp-recv", "--port", "5205", "--duration", "0.5", "--linger", "0.2"],
         tmp_path / "r.json",
     )
-    _finish([proc], timeout_s=10)
+    finish([proc], timeout_s=10)
 
     assert time.monotonic() - began < 5
-    recv = _load(tmp_path / "r.json")
+    recv = load(tmp_path / "r.json")
     assert recv["received_bytes"] == 0
     assert recv["first_arrival"] is None and recv["last_arrival"] is None
     assert recv["timeline"]["bins"] == []

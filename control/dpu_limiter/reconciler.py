@@ -95,23 +95,17 @@ class DpuAgent:
 
     async def wait_applied(self, ticket: int, timeout: float) -> bool:
         """Wait until a reconcile that started after poke `ticket` has succeeded."""
-
-        async def _wait() -> None:
-            while self.applied < ticket:
-                self._converged.clear()
-                await self._converged.wait()
-
-        try:
-            await asyncio.wait_for(_wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
+        return await self._wait_for(lambda: self.applied >= ticket, timeout)
 
     async def wait_converged(self, generation: int, timeout: float) -> bool:
         """Wait until this DPU has applied `generation` (or later)."""
+        return await self._wait_for(
+            lambda: self.status.generation_applied >= generation and self.status.converged, timeout
+        )
 
+    async def _wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
         async def _wait() -> None:
-            while self.status.generation_applied < generation or not self.status.converged:
+            while not done():
                 self._converged.clear()
                 await self._converged.wait()
 

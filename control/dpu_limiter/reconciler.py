@@ -159,8 +159,10 @@ class DpuAgent:
         """Read back the DPU's entries and write what differs from the intent."""
         ticket = self._poked
         generation, intent = self.intent_fn()
-        current = [e async for e in sw.read(dp.managed_tables())]  # type: ignore[attr-defined]
-        meters = [m async for m in sw.read(dp.meter_reads(intent))]  # type: ignore[attr-defined]
+        # One Read for the tables and the meters (fewer round trips per DPU when thousands change).
+        held = [e async for e in sw.read([*dp.managed_tables(), *dp.meter_reads(intent)])]  # type: ignore[attr-defined]
+        current = [e for e in held if isinstance(e, fy.P4TableEntry)]
+        meters = [e for e in held if isinstance(e, fy.P4MeterEntry)]
         p = dp.plan(intent, current, meters, sw.p4info)
         if p.delete_exemptions:
             await sw.delete(p.delete_exemptions)

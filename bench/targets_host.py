@@ -1,0 +1,38 @@
+"""Helper process for bench/convergence.py: N embedded targets (one device each) in one process.
+
+python bench/targets_host.py N      # prints one JSON line: the targets' P4Runtime addresses
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+
+import grpc
+
+from p4sim.server import Device, add_to_server
+
+
+async def main(n: int) -> None:
+    """Serve N devices until SIGTERM."""
+    servers = []
+    addresses = []
+    for _ in range(n):
+        server = grpc.aio.server()
+        add_to_server(server, Device(1))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        addresses.append(f"127.0.0.1:{port}")
+    print(json.dumps(addresses), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    for server in servers:
+        await server.stop(0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1])))

@@ -154,3 +154,19 @@ def udp(src: str, dst: str, size: int = 1000) -> bytes:
         / UDP(sport=1000, dport=2000)
         / Raw(b"x" * size)
     )
+
+
+def detail_codes(err: grpc.aio.AioRpcError) -> list[int]:
+    """The canonical code of each update in a failed Write's status details."""
+    from finsy.proto import rpc_status
+
+    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
+        if key == "grpc-status-details-bin":
+            status = rpc_status.Status.FromString(value)
+            codes = []
+            for d in status.details:
+                e = p4r.Error()
+                d.Unpack(e)
+                codes.append(e.canonical_code)
+            return codes
+    raise AssertionError("no status details")

@@ -8,12 +8,7 @@ target's output for the same frame, then every counter cell limiter.p4 touches i
 
 from __future__ import annotations
 
-import secrets
-import select
-import shutil
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -24,12 +19,11 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
-from conftest import can_netns, free_port, wait_port
+from bmv2_harness import bmv2_switch, through_bmv2
 from p4rt_helpers import A_HOST, B_HOST, Client, connect, program_limiter, udp
 from p4sim.server import Device
 
 pytestmark = [pytest.mark.bmv2, pytest.mark.netns]
-ETH_P_ALL = 0x0003
 
 
 def frames() -> list[tuple[int, bytes]]:
@@ -46,83 +40,11 @@ def frames() -> list[tuple[int, bytes]]:
     return out
 
 
-def _link(*args: str) -> None:
-    subprocess.run(["ip", "link", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def bmv2() -> Iterator[tuple[str, dict[int, socket.socket]]]:
     """simple_switch_grpc on two veth pairs; yields its P4Runtime address and sockets on the peers."""
-    if reason := can_netns():
-        pytest.skip(reason)
-    exe = shutil.which("simple_switch_grpc")
-    if exe is None:
-        pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
-    tag = secrets.token_hex(2)
-    names = {p: (f"dd{tag}{p}", f"dd{tag}{p}p") for p in (0, 1)}
-    made: list[str] = []
-    socks: dict[int, socket.socket] = {}
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        for sw_if, peer in names.values():
-            _link("add", sw_if, "type", "veth", "peer", "name", peer)
-            made.append(sw_if)
-            for ifname in (sw_if, peer):
-                with open(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6", "w") as f:
-                    f.write("1")
-                _link("set", ifname, "up")
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                exe,
-                "--log-level",
-                "off",
-                "--device-id",
-                "1",
-                *[a for p, (i, _) in names.items() for a in ("-i", f"{p}@{i}")],
-                "--no-p4",
-                "--",
-                "--grpc-server-addr",
-                f"127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_port(port, proc)
-        for p, (_, peer) in names.items():
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            s.bind((peer, ETH_P_ALL))
-            socks[p] = s
-        yield f"127.0.0.1:{port}", socks
-    finally:
-        for s in socks.values():
-            s.close()
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
-        for sw_if in made:
-            subprocess.run(["ip", "link", "del", sw_if], capture_output=True)
-
-
-def _through_bmv2(socks: dict[int, socket.socket], port: int, frame: bytes) -> list[tuple[int, bytes]]:
-    for s in socks.values():  # drain anything stale
-        s.setblocking(False)
-        while True:
-            try:
-                s.recv(65535)
-            except BlockingIOError:
-                break
-    socks[port].send(frame)
-    out: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + 0.3
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select(list(socks.values()), [], [], left)
-        for s in ready:
-            data, addr = s.recvfrom(65535)
-            if addr[2] == socket.PACKET_OUTGOING:
-                continue
-            out.append((next(p for p, x in socks.items() if x is s), data))
-    return out
+    with bmv2_switch((0, 1)) as sw:
+        yield sw.address, sw.socks
 
 
 async def _counters(c: Client, sch: object) -> dict[tuple[str, int], tuple[int, int]]:
@@ -149,9 +71,9 @@ async def test_same_frames_same_outputs_and_counters(
         await program_limiter(ce, rate_bytes_s=1, burst=3000)
         mismatches = []
         for port, frame in frames():
-            want = _through_bmv2(socks, port, frame)
+            want = through_bmv2(socks, port, frame)
             got = device.process(port, frame)
             if sorted(got) != sorted(want):
-                mismatches.append((port, frame.hex(), want, got))
+                mismatches.append((port, frame.hex(), [(p, f.hex()) for p, f in want], [(p, f.hex()) for p, f in got]))
         assert not mismatches, mismatches
         assert await _counters(ce, sch) == await _counters(cb, sch)

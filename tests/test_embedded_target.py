@@ -15,7 +15,7 @@ from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
 from conftest import InProcess
-from p4rt_helpers import A_HOST, B_HOST, config, connect, program_limiter, table_entry, udp, update
+from p4rt_helpers import A_HOST, B_HOST, config, connect, detail_codes, program_limiter, table_entry, udp, update
 
 
 async def test_no_pipeline_forwards_nothing(in_process_target: InProcess) -> None:
@@ -99,7 +99,7 @@ async def test_p4runtime_write_rules(in_process_target: InProcess) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.write(update(p4r.Update.INSERT, entry))
     assert err.value.code() == grpc.StatusCode.UNKNOWN
-    assert _detail_codes(err.value) == [grpc.StatusCode.ALREADY_EXISTS.value[0]]
+    assert detail_codes(err.value) == [grpc.StatusCode.ALREADY_EXISTS.value[0]]
     missing = table_entry(
         sch,
         "LimiterIngress.boundary",
@@ -117,7 +117,7 @@ async def test_p4runtime_write_rules(in_process_target: InProcess) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.write(update(p4r.Update.DELETE, missing), update(p4r.Update.INSERT, ok))
     # Per-update errors in order: the failed delete does not stop the insert after it.
-    assert _detail_codes(err.value) == [grpc.StatusCode.NOT_FOUND.value[0], 0]
+    assert detail_codes(err.value) == [grpc.StatusCode.NOT_FOUND.value[0], 0]
     read = await c.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=entry.table_entry.table_id)))
     assert len(read) == 3
     pipeline = await c.stub.GetForwardingPipelineConfig(
@@ -166,18 +166,3 @@ async def test_invalid_pipeline_is_refused_with_a_clear_error(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.set_pipeline(bad)
     assert "not valid JSON" in (err.value.details() or "")
-
-
-def _detail_codes(err: grpc.aio.AioRpcError) -> list[int]:
-    from finsy.proto import rpc_status
-
-    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key == "grpc-status-details-bin":
-            status = rpc_status.Status.FromString(value)
-            codes = []
-            for d in status.details:
-                e = p4r.Error()
-                d.Unpack(e)
-                codes.append(e.canonical_code)
-            return codes
-    raise AssertionError("no status details")

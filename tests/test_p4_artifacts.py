@@ -1,4 +1,4 @@
-"""The committed bmv2 JSON and P4Info are what p4c makes of the committed source."""
+"""The committed bmv2 JSON and P4Info (p4/ and the test corpus) are what p4c makes of the committed source."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = sorted((ROOT / "p4").glob("*.p4"))
+PROGRAMS = sorted((ROOT / "p4").glob("*.p4")) + sorted((ROOT / "tests" / "corpus").glob("*.p4"))
 
 
 @pytest.mark.parametrize("src", PROGRAMS, ids=lambda p: p.name)

@@ -130,25 +130,34 @@ class MeterArray:
 
     def set_p4runtime_config(self, index: int, cir: int, cburst: int, pir: int, pburst: int) -> None:
         """Configure a cell from P4Runtime units (units per second, bursts), as PI converts them."""
-        self.cells[index].set_rates(
-            [
-                MeterRate(cir / 1_000_000.0, cburst & PI_BURST_MASK),
-                MeterRate(pir / 1_000_000.0, pburst & PI_BURST_MASK),
-            ]
-        )
+        configure_meter(self.cells[index], cir, cburst, pir, pburst)
 
     def get_p4runtime_config(self, index: int) -> tuple[int, int, int, int] | None:
         """The cell's (cir, cburst, pir, pburst) in P4Runtime units, or None when unconfigured."""
-        cell = self.cells[index]
-        if not cell.configured:
-            return None
-        pir_rate, cir_rate = cell.rates[0], cell.rates[-1]
-        return (
-            round(cir_rate.info_rate * 1_000_000),
-            cir_rate.burst_size,
-            round(pir_rate.info_rate * 1_000_000),
-            pir_rate.burst_size,
-        )
+        return meter_config(self.cells[index])
+
+
+def configure_meter(cell: Meter, cir: int, cburst: int, pir: int, pburst: int) -> None:
+    """Configure a meter from P4Runtime units (units per second, bursts), as PI converts them for bmv2."""
+    cell.set_rates(
+        [
+            MeterRate(cir / 1_000_000.0, cburst & PI_BURST_MASK),
+            MeterRate(pir / 1_000_000.0, pburst & PI_BURST_MASK),
+        ]
+    )
+
+
+def meter_config(cell: Meter) -> tuple[int, int, int, int] | None:
+    """A meter's (cir, cburst, pir, pburst) in P4Runtime units, or None when unconfigured."""
+    if not cell.configured:
+        return None
+    pir_rate, cir_rate = cell.rates[0], cell.rates[-1]
+    return (
+        round(cir_rate.info_rate * 1_000_000),
+        cir_rate.burst_size,
+        round(pir_rate.info_rate * 1_000_000),
+        pir_rate.burst_size,
+    )
 
 
 class RegisterArray:
@@ -168,3 +177,19 @@ class RegisterArray:
         """Store `value` truncated to the register width."""
         if 0 <= index < self.size:
             self.values[index] = value & self.mask
+
+
+class ValueSet:
+    """A parser value set: the member values the control plane wrote, swapped in whole on each write."""
+
+    def __init__(self, name: str, bitwidth: int, size: int) -> None:
+        self.name = name
+        self.bitwidth = bitwidth
+        self.size = size
+        self.values: frozenset[int] = frozenset()
+
+    def matches(self, key: int, mask: int) -> bool:
+        """Whether `key` (masked by the transition's mask, -1 for none) is a member."""
+        if mask == -1:
+            return key in self.values
+        return any(key & mask == v & mask for v in self.values)

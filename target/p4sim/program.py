@@ -9,12 +9,14 @@ implement are rejected here, with the construct's name, never later at packet ti
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ProgramError, UnsupportedConstruct
-from .externs import RED, Clock, CounterArray, MeterArray, RegisterArray
+from .externs import RED, Clock, CounterArray, MeterArray, RegisterArray, ValueSet
+from .hashes import algorithm
 from .tables import Entry, KeyField, Table
 
 DROP_PORT = 511  # simple_switch's default drop port; mark_to_drop sets egress_spec to it.
@@ -23,14 +25,44 @@ DROP_PORT = 511  # simple_switch's default drop port; mark_to_drop sets egress_s
 class Packet:
     """Per-packet state: header fields (flat), header validity, the unparsed payload."""
 
-    __slots__ = ("exited", "f", "length", "payload", "v")
+    __slots__ = ("exited", "f", "length", "payload", "stk", "v")
 
-    def __init__(self, f: list[int], v: list[bool], length: int) -> None:
+    def __init__(self, f: list[int], v: list[bool], length: int, stk: list[int] | None = None) -> None:
         self.f = f
         self.v = v
         self.payload = b""
         self.length = length
         self.exited = False
+        # Each header stack's next index (bmv2 tracks it apart from the elements' validity).
+        self.stk = _NO_STACKS if stk is None else stk
+
+
+_NO_STACKS: list[int] = []  # shared by programs without stacks; never written
+
+# simple_switch's packet instance types (standard_metadata.instance_type).
+NORMAL, INGRESS_CLONE, EGRESS_CLONE, RECIRC, REPLICATION, RESUBMIT = 0, 1, 2, 4, 5, 6
+MAX_PASSES = 64  # resubmits, recirculations and copies per received packet (bmv2 has no such bound)
+
+
+class RPacket(Packet):
+    """A packet of a program that clones, resubmits, recirculates or multicasts: with simple_switch's
+    per-packet registers for those requests (clone: (session, field list), else field list ids)."""
+
+    __slots__ = ("clone", "recirc", "resubmit")
+
+    def __init__(self, f: list[int], v: list[bool], length: int, stk: list[int] | None = None) -> None:
+        super().__init__(f, v, length, stk)
+        self.clone: tuple[int, int] | None = None
+        self.resubmit = 0
+        self.recirc = 0
+
+
+class Pre:
+    """The packet replication engine: multicast groups and clone sessions as (egress port, rid) replicas."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, list[tuple[int, int]]] = {}
+        self.clone_sessions: dict[int, list[tuple[int, int]]] = {}
 
 
 Expr = Callable[[Packet, list[int]], int]
@@ -52,6 +84,26 @@ class HeaderLayout:
     def nbytes(self) -> int:
         """Header size in bytes (headers are byte-aligned in v1model)."""
         return sum(self.widths) // 8
+
+
+@dataclass
+class StackLayout:
+    """A header stack: its position in Packet.stk and its element headers, in index order."""
+
+    name: str
+    index: int
+    elements: list[HeaderLayout]
+
+
+@dataclass
+class DirectMeterDef:
+    """A direct meter: the table it is bound to, where its colour goes, and its unit."""
+
+    name: str
+    table: str
+    result: int
+    unit: str
+    rate_count: int
 
 
 @dataclass
@@ -84,6 +136,8 @@ class TableDef:
     with_counters: bool
     const_entries: bool = False
     key_names: list[str] = field(default_factory=list)
+    direct_meter: DirectMeterDef | None = None
+    direct_counter: str | None = None
 
 
 class Program:
@@ -95,6 +149,13 @@ class Program:
         self.doc = doc
         self.clock = clock or Clock()
         self.headers: dict[str, HeaderLayout] = {}
+        self.stacks: dict[str, StackLayout] = {}
+        self.vsets: dict[str, ValueSet] = {}
+        self.direct_meters: dict[str, DirectMeterDef] = {}
+        self.pre = Pre()
+        # Set while compiling when the program clones, resubmits, recirculates or writes mcast_grp:
+        # its packets then take the general path (process_general), others the straight one.
+        self.replicates = False
         self.header_list: list[HeaderLayout] = []
         self.field_index: dict[tuple[str, str], int] = {}
         self.nfields = 0
@@ -114,6 +175,7 @@ class Program:
                 "egress_port",
                 "packet_length",
                 "mcast_grp",
+                "egress_rid",
                 "instance_type",
                 "ingress_global_timestamp",
                 "egress_global_timestamp",
@@ -126,6 +188,8 @@ class Program:
                 raise ProgramError(f"bmv2 JSON: standard_metadata.{need} is missing (not a v1model program?)")
         self._load_externs()
         self._check_unsupported_sections()
+        self._calcs = {c.get("name"): c for c in self._list("calculations")}
+        self.field_lists = self._load_field_lists()
         self._load_actions()
         self.parser = self._load_parser()
         self.deparse = self._load_deparser()
@@ -138,6 +202,25 @@ class Program:
         self.egress = self._load_pipeline(pipelines["egress"])
         self.template_f = [0] * self.nfields
         self.template_v = [h.metadata for h in self.header_list]
+        self.template_stk = [0] * len(self.stacks)
+        self._metadata_spans = [(h.base, h.base + len(h.widths)) for h in self.header_list if h.metadata]
+        es_width = self.field_width[self._sm["egress_spec"]]
+        # simple_switch sets egress_spec to drop_port + 1 before egress; the 9-bit field wraps it to 0.
+        self._egress_spec_init = (DROP_PORT + 1) & ((1 << es_width) - 1)
+        sm = self._sm
+        self._fast_idx = tuple(
+            sm[k]
+            for k in (
+                "ingress_port",
+                "packet_length",
+                "ingress_global_timestamp",
+                "egress_spec",
+                "egress_port",
+                "egress_global_timestamp",
+            )
+        )
+        if self.replicates:
+            self.process = self.process_general  # type: ignore[method-assign]
 
     @classmethod
     def from_bytes(cls, data: bytes, clock: Clock | None = None) -> Program:
@@ -188,34 +271,53 @@ class Program:
             self.header_list.append(layout)
         self.nfields = base
         self.field_width = [0] * base
+        self.field_header = [0] * base
         for layout in self.header_list:
             for j, w in enumerate(layout.widths):
                 self.field_width[layout.base + j] = w
-        for key in ("header_stacks", "header_union_types", "header_unions", "header_union_stacks"):
+                self.field_header[layout.base + j] = layout.index
+        for key in ("header_union_types", "header_unions", "header_union_stacks"):
             if self._list(key):
                 raise UnsupportedConstruct(key, "program")
+        by_id = {int(h.get("id", i)): self.header_list[i] for i, h in enumerate(self._list("headers"))}
+        for k, st in enumerate(self._list("header_stacks")):
+            try:
+                elements = [by_id[int(i)] for i in st["header_ids"]]
+            except (KeyError, TypeError, ValueError):
+                raise ProgramError(f"bmv2 JSON: header stack {st.get('name')!r} has unknown header ids") from None
+            if not elements or any(e.metadata for e in elements):
+                raise ProgramError(f"bmv2 JSON: header stack {st.get('name')!r} must hold packet headers")
+            self.stacks[st["name"]] = StackLayout(st["name"], k, elements)
 
     def _load_errors(self) -> None:
         for name, value in self.doc.get("errors", []):
             self.errors[name] = int(value)
 
     def _load_externs(self) -> None:
+        self.direct_counters: dict[str, str] = {}  # table name -> direct counter name
         for c in self._list("counter_arrays"):
             if c.get("is_direct"):
+                self.direct_counters[str(c.get("binding"))] = c["name"]
                 continue  # direct counters live on table entries
             self.counters[c["name"]] = CounterArray(c["name"], int(c["size"]))
         for m in self._list("meter_arrays"):
-            if m.get("is_direct"):
-                raise UnsupportedConstruct("direct meter", m["name"])
             unit = m.get("type", "bytes")
             if unit not in ("bytes", "packets"):
                 raise ProgramError(f"bmv2 JSON: meter {m['name']!r} has unknown type {unit!r}")
+            if m.get("is_direct"):
+                target = self._field(m.get("result_target"), f"direct meter {m['name']}")
+                self.direct_meters[m["name"]] = DirectMeterDef(
+                    m["name"], str(m.get("binding")), target, unit, int(m.get("rate_count", 2))
+                )
+                continue
             self.meters[m["name"]] = MeterArray(m["name"], int(m["size"]), int(m.get("rate_count", 2)), unit)
         for r in self._list("register_arrays"):
             self.registers[r["name"]] = RegisterArray(r["name"], int(r["size"]), int(r["bitwidth"]))
 
     def _check_unsupported_sections(self) -> None:
-        for key in ("parse_vsets", "learn_lists", "extern_instances"):
+        for vs in self._list("parse_vsets"):
+            self.vsets[vs["name"]] = ValueSet(vs["name"], int(vs["compressed_bitwidth"]), int(vs.get("max_size", 0)))
+        for key in ("learn_lists", "extern_instances"):
             if self._list(key):
                 raise UnsupportedConstruct(key, "program")
         for pipe in self._list("pipelines"):
@@ -255,12 +357,15 @@ class Program:
         if kind == "bool":
             b = 1 if value else 0
             return lambda p, ad: b
-        if kind == "runtime_data":
+        if kind in ("runtime_data", "local"):  # "local": an action parameter inside an expression
             k = int(value)
             return lambda p, ad: ad[k]
         if kind == "header":
             h = self._header(value, where).index
             return lambda p, ad: 1 if p.v[h] else 0
+        if kind == "stack_field":
+            loc, _ = self._stack_field_loc(value, where)
+            return lambda p, ad: p.f[loc(p, ad)]
         if kind == "expression":
             # p4c sometimes wraps an expression node in another one.
             if isinstance(value, dict) and "op" not in value:
@@ -271,13 +376,24 @@ class Program:
     def _op(self, node: dict[str, Any], where: str) -> Expr:
         op = node.get("op")
         left_node, right_node = node.get("left"), node.get("right")
-        if op == "?:":
+        _no_nested_runtime_data((left_node, right_node, node.get("cond")), where)
+        if op in ("?", "?:"):  # bmv2 JSON's conditional operator is "?"
             c = self.expr(node["cond"], where)
             a = self.expr(left_node, where)
             b = self.expr(right_node, where)
             return lambda p, ad: a(p, ad) if c(p, ad) else b(p, ad)
         if op == "valid":
             return self.expr(right_node, where)
+        if op == "access_field":
+            const, dyn, _ = self.lvalue({"type": "expression", "value": node}, where)
+            if dyn is None:
+                return lambda p, ad: p.f[const]
+            return lambda p, ad: p.f[dyn(p, ad)]
+        if op in ("last_stack_index", "size"):
+            k = self._stack(right_node.get("value") if isinstance(right_node, dict) else None, where).index
+            if op == "size":  # bmv2's SIZE_STACK is the stack's count (its next index), not its depth
+                return lambda p, ad: p.stk[k]
+            return lambda p, ad: p.stk[k] - 1
         if op in ("d2b", "b2d"):
             r = self.expr(right_node, where)
             return lambda p, ad: 1 if r(p, ad) else 0
@@ -302,6 +418,115 @@ class Program:
         b = self.expr(right_node, where)
         return binary(a, b)
 
+    # ---------------------------------------------------------------- header stacks
+
+    def _stack(self, name: Any, where: str) -> StackLayout:
+        st = self.stacks.get(name) if isinstance(name, str) else None
+        if st is None:
+            raise ProgramError(f"bmv2 JSON: unknown header stack {name!r} in {where}")
+        return st
+
+    @staticmethod
+    def _field_offset(layout: HeaderLayout, fname: Any, where: str) -> int:
+        try:
+            return layout.names.index(fname)
+        except ValueError:
+            raise ProgramError(f"bmv2 JSON: header {layout.name!r} has no field {fname!r} in {where}") from None
+
+    def _stack_field_loc(self, value: Any, where: str) -> tuple[Callable[[Packet, list[int]], int], int]:
+        """Where `stack.last.field` lives for a packet, and its width."""
+        st = self._stack(value[0], where)
+        j = self._field_offset(st.elements[0], value[1], where)
+        bases = [e.base + j for e in st.elements]
+        k = st.index
+
+        def loc(p: Packet, ad: list[int]) -> int:
+            n = p.stk[k]
+            if n == 0:  # bmv2 asserts "stack empty"; this target drops the packet instead
+                raise PacketAbort(f"{st.name}.last of an empty stack")
+            return bases[n - 1]
+
+        return loc, st.elements[0].widths[j]
+
+    def header_ref(self, node: Any, where: str) -> tuple[HeaderLayout, Callable[[Packet, list[int]], int] | None]:
+        """A header operand: (its layout, None) when fixed; for stack[i], (an element, closure giving the index)."""
+        if isinstance(node, dict) and node.get("type") == "header":
+            return self._header(node.get("value"), where), None
+        value = node.get("value") if isinstance(node, dict) and node.get("type") == "expression" else None
+        if isinstance(value, dict) and value.get("type") == "expression":
+            value = value.get("value")
+        if not isinstance(value, dict) or value.get("op") != "dereference_header_stack":
+            raise UnsupportedConstruct(f"header operand {node!r}", where)
+        st = self._stack(value["left"].get("value"), where)
+        _no_nested_runtime_data((value["right"],), where)
+        idx = self.expr(value["right"], where)
+        indexes = [e.index for e in st.elements]
+        n = len(indexes)
+
+        def deref(p: Packet, ad: list[int]) -> int:
+            i = idx(p, ad)
+            if i >= n:  # bmv2's elements.at() throws (and simple_switch stops); this target drops the packet
+                raise PacketAbort(f"index {i} out of bounds of {st.name}")
+            return indexes[i]
+
+        return st.elements[0], deref
+
+    def lvalue(self, node: Any, where: str) -> tuple[int, Callable[[Packet, list[int]], int] | None, int]:
+        """A field operand: (flat index, None, width) when fixed, else (-1, closure giving the index, width)."""
+        if isinstance(node, dict) and node.get("type") == "field":
+            i = self._field(node.get("value"), where)
+            return i, None, self.field_width[i]
+        if isinstance(node, dict) and node.get("type") == "stack_field":
+            loc, width = self._stack_field_loc(node.get("value"), where)
+            return -1, loc, width
+        value = node.get("value") if isinstance(node, dict) and node.get("type") == "expression" else None
+        if isinstance(value, dict) and value.get("type") == "expression":
+            value = value.get("value")
+        if not isinstance(value, dict) or value.get("op") != "access_field":
+            raise UnsupportedConstruct(f"field operand {node!r}", where)
+        layout, deref = self.header_ref(value["left"], where)
+        j = int(value["right"])
+        if not 0 <= j < len(layout.widths):
+            raise ProgramError(f"bmv2 JSON: field offset {j} outside header {layout.name!r} in {where}")
+        if deref is None:
+            return layout.base + j, None, layout.widths[j]
+        # Every element of a stack has the same type, so field j is at base_of_element + j.
+        base_of = {h.index: h.base + j for h in self.header_list}
+        return -1, lambda p, ad: base_of[deref(p, ad)], layout.widths[j]
+
+    def _stack_shift(self, stack: Any, count: Any, push: bool, where: str) -> Stmt:
+        st = self._stack(stack.get("value") if isinstance(stack, dict) else None, where)
+        num = int(self.expr(count, where)(None, []))  # type: ignore[arg-type]
+        size, k = len(st.elements), st.index
+        spans = [(e.index, e.base, e.base + len(e.widths)) for e in st.elements]
+
+        def swap(p: Packet, a: int, b: int) -> None:
+            (ha, la, ua), (hb, lb, ub) = spans[a], spans[b]
+            f, v = p.f, p.v
+            f[la:ua], f[lb:ub] = f[lb:ub], f[la:ua]
+            v[ha], v[hb] = v[hb], v[ha]
+
+        # bmv2's StackP4_16 (the default, --enable-WP4-16-stacks): the whole stack shifts, the
+        # elements shifted in are invalid, and the next index moves by `num` within 0..size.
+        def push_front(p: Packet, ad: list[int]) -> None:
+            p.stk[k] = min(size, p.stk[k] + num)
+            for i in range(size - 1, num - 1, -1):
+                swap(p, i, i - num)
+            for i in range(min(size, num)):
+                p.v[spans[i][0]] = False
+
+        def pop_front(p: Packet, ad: list[int]) -> None:
+            p.stk[k] -= min(p.stk[k], num)
+            i = 0
+            if num < size:
+                for i in range(size - num):
+                    swap(p, i, i + num)
+                i = size - num
+            for j in range(i, size):
+                p.v[spans[j][0]] = False
+
+        return push_front if push else pop_front
+
     # ---------------------------------------------------------------- primitives and actions
 
     def _primitive(self, prim: dict[str, Any], where: str) -> Stmt:
@@ -312,14 +537,24 @@ class Program:
             dst, src = params
             if dst.get("type") == "header":
                 return self._assign_header(dst["value"], src, where)
-            i = self._field(dst.get("value"), where)
-            mask = (1 << self.field_width[i]) - 1
+            i, loc, width = self.lvalue(dst, where)
+            if i == self._sm.get("mcast_grp", -1) >= 0:
+                self.replicates = True
+            mask = (1 << width) - 1
             s = self.expr(src, where)
+            if loc is not None:
+                return _assign_at(loc, s, mask)
 
             def assign(p: Packet, ad: list[int]) -> None:
                 p.f[i] = s(p, ad) & mask
 
             return assign
+        if op in ("clone_ingress_pkt_to_egress", "clone_egress_pkt_to_egress", "resubmit", "recirculate"):
+            return self._replication_primitive(op, params, where)
+        if op == "modify_field_with_hash_based_offset":
+            return self._hash_primitive(params, where)
+        if op in ("push", "pop"):
+            return self._stack_shift(params[0], params[1], op == "push", where)
         if op == "mark_to_drop" or op == "drop":
             es, mg = self._sm_field("egress_spec"), self._sm.get("mcast_grp", -1)
 
@@ -359,6 +594,8 @@ class Program:
             idx = self.expr(params[1], where)
             val = self.expr(params[2], where)
             return lambda p, ad: rarr.write(idx(p, ad), val(p, ad))
+        if op in ("add_header", "setValid", "remove_header", "setInvalid") and params[0].get("type") != "header":
+            return self._dyn_validity(params[0], op in ("add_header", "setValid"), where)
         if op in ("add_header", "setValid"):
             h = self._header(params[0].get("value"), where)
             lo, hi = h.base, h.base + len(h.widths)
@@ -393,6 +630,71 @@ class Program:
 
             return check
         raise UnsupportedConstruct(f"primitive {op}", where)
+
+    def _load_field_lists(self) -> dict[int, list[int]]:
+        lists: dict[int, list[int]] = {}
+        for fl in self._list("field_lists"):
+            where = f"field list {fl.get('name')}"
+            fields = []
+            for el in fl.get("elements", []):
+                if el.get("type") != "field":
+                    raise UnsupportedConstruct(f"field list element {el.get('type')}", where)
+                fields.append(self._field(el["value"], where))
+            lists[int(fl["id"])] = fields
+        return lists
+
+    def _replication_primitive(self, op: str, params: list[Any], where: str) -> Stmt:
+        self.replicates = True
+        if op in ("resubmit", "recirculate"):
+            fl = int(self.expr(params[0], where)(None, [])) if params else 0  # type: ignore[arg-type]
+            if fl and fl not in self.field_lists:
+                raise ProgramError(f"bmv2 JSON: unknown field list {fl} in {where}")
+
+            def resubmit(p: Packet, ad: list[int]) -> None:
+                p.resubmit = fl  # type: ignore[attr-defined]
+
+            def recirculate(p: Packet, ad: list[int]) -> None:
+                p.recirc = fl  # type: ignore[attr-defined]
+
+            return resubmit if op == "resubmit" else recirculate
+        session = self.expr(params[0], where)
+        fl = int(self.expr(params[1], where)(None, [])) if len(params) > 1 else 0  # type: ignore[arg-type]
+        if fl and fl not in self.field_lists:
+            raise ProgramError(f"bmv2 JSON: unknown field list {fl} in {where}")
+
+        def clone(p: Packet, ad: list[int]) -> None:
+            p.clone = (session(p, ad), fl)  # type: ignore[attr-defined]  # the last call wins, as in bmv2
+
+        return clone
+
+    def _hash_primitive(self, params: list[Any], where: str) -> Stmt:
+        i, loc, width = self.lvalue(params[0], where)
+        mask = (1 << width) - 1
+        base = self.expr(params[1], where)
+        compute = self.calculation(params[2].get("value"), where)
+        size = self.expr(params[3], where)
+
+        # simple_switch: dst = (H(data) % max + base) in uint64 arithmetic, a max of 0 taken as 1.
+        def hash_(p: Packet, ad: list[int]) -> None:
+            sz = size(p, ad) & U64 or 1
+            value = ((compute(p) % sz) + (base(p, ad) & U64)) & U64 & mask
+            p.f[loc(p, ad) if loc is not None else i] = value
+
+        return hash_
+
+    def _dyn_validity(self, node: Any, valid: bool, where: str) -> Stmt:
+        _, deref = self.header_ref(node, where)
+        assert deref is not None
+        spans = {h.index: (h.base, h.base + len(h.widths)) for h in self.header_list}
+
+        def set_validity(p: Packet, ad: list[int]) -> None:
+            h = deref(p, ad)
+            if valid and not p.v[h]:
+                lo, hi = spans[h]
+                p.f[lo:hi] = [0] * (hi - lo)  # add_header zeroes an invalid header's fields, as bmv2
+            p.v[h] = valid
+
+        return set_validity
 
     def _assign_header(self, dst_name: str, src: dict[str, Any], where: str) -> Stmt:
         dst = self._header(dst_name, where)
@@ -504,70 +806,110 @@ class Program:
         self, st: dict[str, Any], too_short: int, perr: int
     ) -> Callable[[Packet, bytes, int], tuple[str | None, int]]:
         where = f"parser state {st.get('name')}"
-        ops: list[Callable[[Packet, bytes, int], int]] = []
-        for op in st.get("parser_ops", []):
-            ops.append(self._parser_op(op, where, too_short))
-        key_fns: list[tuple[Expr, int]] = []
-        for k in st.get("transition_key", []):
-            if k.get("type") != "field":
-                raise UnsupportedConstruct(f"transition key type {k.get('type')}", where)
-            i = self._field(k["value"], where)
-            key_fns.append((_field_expr(i), self.field_width[i]))
-        transitions: list[tuple[int | None, int, str | None]] = []
-        for t in st.get("transitions", []):
-            ttype = t.get("type")
-            nxt = t.get("next_state")
-            if ttype == "default":
-                transitions.append((None, 0, nxt))
-            elif ttype == "hexstr":
-                value = int(t["value"], 16)
-                mask = int(t["mask"], 16) if t.get("mask") else -1
-                transitions.append((value & mask, mask, nxt))
-            else:
-                raise UnsupportedConstruct(f"transition type {ttype}", where)
+        ops = [self._parser_op(op, where, too_short) for op in st.get("parser_ops", [])]
+        keys = [self._transition_key(k, where) for k in st.get("transition_key", [])]
+        transitions = [self._transition(t, where) for t in st.get("transitions", [])]
+        # bmv2 builds the select key byte-wise: each component padded to whole bytes, concatenated;
+        # a value set is matched on the components concatenated bit by bit ("compressed").
+        padded = [(fn, (w + 7) // 8 * 8) for fn, w in keys]
+        compressed = [(fn, w) for fn, w in keys]
+        need_compressed = any(t[0] == 1 for t in transitions)
+
+        if not transitions:
+
+            def state_no_select(p: Packet, data: bytes, off: int) -> tuple[str | None, int]:
+                for op in ops:
+                    off = op(p, data, off)
+                return None, off
+
+            return state_no_select
+
+        if not need_compressed:
+            cases = [(value, mask, nxt) for _, value, mask, nxt, _ in transitions]
+
+            def state_select(p: Packet, data: bytes, off: int) -> tuple[str | None, int]:
+                for op in ops:
+                    off = op(p, data, off)
+                key = 0
+                for fn, width in padded:
+                    key = (key << width) | fn(p, data, off)
+                for value, mask, nxt in cases:
+                    if value is None or key & mask == value:
+                        return nxt, off
+                return None, off  # no match: bmv2 accepts
+
+            return state_select
 
         def state(p: Packet, data: bytes, off: int) -> tuple[str | None, int]:
             for op in ops:
                 off = op(p, data, off)
-            if not transitions:
-                return None, off
-            key = 0
-            for fn, width in key_fns:
-                key = (key << width) | fn(p, [])
-            for value, mask, nxt in transitions:
-                if value is None or key & mask == value:
+            key = ckey = 0
+            for fn, width in padded:
+                key = (key << width) | fn(p, data, off)
+            for fn, width in compressed:
+                ckey = (ckey << width) | fn(p, data, off)
+            for kind, value, mask, nxt, vset in transitions:
+                if kind == 0:
+                    if value is None or key & mask == value:
+                        return nxt, off
+                elif vset is not None and vset.matches(ckey, mask):
                     return nxt, off
             return None, off  # no match: bmv2 accepts
 
         return state
 
+    def _transition_key(self, k: dict[str, Any], where: str) -> tuple[Callable[[Packet, bytes, int], int], int]:
+        kind = k.get("type")
+        if kind == "field":
+            i = self._field(k["value"], where)
+            return (lambda p, data, off: p.f[i]), self.field_width[i]
+        if kind == "stack_field":
+            loc, width = self._stack_field_loc(k["value"], where)
+            return (lambda p, data, off: p.f[loc(p, [])]), width
+        if kind == "lookahead":
+            bit_off, width = int(k["value"][0]), int(k["value"][1])
+            # bmv2 peeks without a length check; bytes past the end read as zero here.
+            return _peek(bit_off, width, check=None), width
+        raise UnsupportedConstruct(f"transition key type {kind}", where)
+
+    def _transition(self, t: dict[str, Any], where: str) -> tuple[int, int | None, int, str | None, ValueSet | None]:
+        """(0, value, mask, next, None) for a constant case, (1, None, mask, next, set) for a value set."""
+        ttype, nxt = t.get("type", "hexstr"), t.get("next_state")
+        mask = int(t["mask"], 16) if t.get("mask") else -1
+        if ttype == "default" or (ttype == "hexstr" and t.get("value") == "default"):
+            return 0, None, 0, nxt, None
+        if ttype == "hexstr":
+            value = int(t["value"], 16)
+            return 0, value & mask, mask, nxt, None
+        if ttype == "parse_vset":
+            vset = self.vsets.get(str(t.get("value")))
+            if vset is None:
+                raise ProgramError(f"bmv2 JSON: unknown value set {t.get('value')!r} in {where}")
+            return 1, None, mask, nxt, vset
+        raise UnsupportedConstruct(f"transition type {ttype}", where)
+
     def _parser_op(self, op: dict[str, Any], where: str, too_short: int) -> Callable[[Packet, bytes, int], int]:
         kind = op.get("op")
         params = op.get("parameters", [])
         if kind == "extract":
-            if params[0].get("type") != "regular":
-                raise UnsupportedConstruct(f"extract of {params[0].get('type')}", where)
-            h = self._header(params[0]["value"], where)
-            nbytes, base, hidx = h.nbytes, h.base, h.index
-            shifts = []
-            pos = sum(h.widths)
-            for w in h.widths:
-                pos -= w
-                shifts.append((pos, (1 << w) - 1))
-
-            def extract(p: Packet, data: bytes, off: int) -> int:
-                end = off + nbytes
-                if end > len(data):
-                    raise ParserError(too_short, off)
-                value = int.from_bytes(data[off:end], "big")
-                f = p.f
-                for j, (sh, m) in enumerate(shifts):
-                    f[base + j] = (value >> sh) & m
-                p.v[hidx] = True
-                return end
-
-            return extract
+            ptype = params[0].get("type")
+            if ptype == "regular":
+                return self._extract(self._header(params[0]["value"], where), too_short)
+            if ptype == "stack":
+                return self._extract_stack(self._stack(params[0]["value"], where), too_short)
+            raise UnsupportedConstruct(f"extract of {ptype}", where)
         if kind == "set":
+            if params[1].get("type") == "lookahead":
+                i = self._field(params[0].get("value"), where)
+                bit_off, width = int(params[1]["value"][0]), int(params[1]["value"][1])
+                peek = _peek(bit_off, width, check=too_short)
+                fmask = (1 << self.field_width[i]) - 1
+
+                def set_lookahead(p: Packet, data: bytes, off: int) -> int:
+                    p.f[i] = peek(p, data, off) & fmask
+                    return off
+
+                return set_lookahead
             stmt = self._primitive({"op": "assign", "parameters": params}, where)
 
             def set_(p: Packet, data: bytes, off: int) -> int:
@@ -595,10 +937,72 @@ class Program:
             return primitive
         raise UnsupportedConstruct(f"parser op {kind}", where)
 
+    @staticmethod
+    def _unpacker(h: HeaderLayout) -> Callable[[Packet, bytes, int], None]:
+        """Write header h's fields from data[off:off + nbytes] (the caller checked the length)."""
+        nbytes, base = h.nbytes, h.base
+        shifts = []
+        pos = sum(h.widths)
+        for w in h.widths:
+            pos -= w
+            shifts.append((pos, (1 << w) - 1))
+
+        def unpack(p: Packet, data: bytes, off: int) -> None:
+            value = int.from_bytes(data[off : off + nbytes], "big")
+            f = p.f
+            for j, (sh, m) in enumerate(shifts):
+                f[base + j] = (value >> sh) & m
+
+        return unpack
+
+    def _extract(self, h: HeaderLayout, too_short: int) -> Callable[[Packet, bytes, int], int]:
+        nbytes, base, hidx = h.nbytes, h.base, h.index
+        shifts = []
+        pos = sum(h.widths)
+        for w in h.widths:
+            pos -= w
+            shifts.append((pos, (1 << w) - 1))
+
+        # The unpacking is inlined (not _unpacker's closure): this is the hottest parser path.
+        def extract(p: Packet, data: bytes, off: int) -> int:
+            end = off + nbytes
+            if end > len(data):
+                raise ParserError(too_short, off)
+            value = int.from_bytes(data[off:end], "big")
+            f = p.f
+            for j, (sh, m) in enumerate(shifts):
+                f[base + j] = (value >> sh) & m
+            p.v[hidx] = True
+            return end
+
+        return extract
+
+    def _extract_stack(self, st: StackLayout, too_short: int) -> Callable[[Packet, bytes, int], int]:
+        out_of_bounds = self.errors.get("StackOutOfBounds", 3)
+        elems = [(e.index, e.nbytes, self._unpacker(e)) for e in st.elements]
+        size, k = len(elems), st.index
+
+        def extract_next(p: Packet, data: bytes, off: int) -> int:
+            n = p.stk[k]
+            if n >= size:
+                raise ParserError(out_of_bounds, off)
+            hidx, nbytes, unpack = elems[n]
+            end = off + nbytes
+            if end > len(data):
+                raise ParserError(too_short, off)
+            unpack(p, data, off)
+            p.v[hidx] = True
+            p.stk[k] = n + 1
+            return end
+
+        return extract_next
+
     def _load_deparser(self) -> Callable[[Packet], bytes]:
         deparsers = self._list("deparsers")
         if len(deparsers) != 1:
             raise ProgramError(f"bmv2 JSON: expected one deparser, found {len(deparsers)}")
+        if deparsers[0].get("primitives"):
+            raise UnsupportedConstruct("deparser primitives", "deparser")
         emitters = []
         for name in deparsers[0].get("order", []):
             h = self._header(name, "deparser")
@@ -618,34 +1022,46 @@ class Program:
 
         return deparse
 
+    def calculation(self, name: Any, where: str) -> Callable[[Packet], int]:
+        """Compile a named calculation: its input as bmv2's BufBuilder lays it out, then its algorithm."""
+        calc = self._calcs.get(name) if isinstance(name, str) else None
+        if calc is None:
+            raise ProgramError(f"bmv2 JSON: unknown calculation {name!r} in {where}")
+        algo = calc.get("algo")
+        fn = algorithm(algo) if isinstance(algo, str) else None
+        if fn is None:
+            raise UnsupportedConstruct(f"hash algorithm {algo}", f"calculation {name} in {where}")
+        items: list[tuple[int, int, int, int]] = []  # (field index or -1, width, header index or -1, constant)
+        for item in calc.get("input", []):
+            kind = item.get("type")
+            if kind == "field":
+                i = self._field(item["value"], where)
+                items.append((i, self.field_width[i], self.field_header[i], 0))
+            elif kind == "header":
+                h = self._header(item["value"], where)
+                items += [(h.base + j, w, h.index, 0) for j, w in enumerate(h.widths)]
+            elif kind == "hexstr":
+                items.append((-1, int(item["bitwidth"]), -1, int(item["value"], 16)))
+            else:
+                raise UnsupportedConstruct(f"calculation input {kind}", f"calculation {name} in {where}")
+        return _calc_fn(items, fn)
+
     def _load_checksums(self) -> tuple[Stmt, Stmt]:
-        calcs = {c["name"]: c for c in self._list("calculations")}
         verifies: list[Stmt] = []
         updates: list[Stmt] = []
         cerr = self._sm.get("checksum_error", -1)
         for ck in self._list("checksums"):
             where = f"checksum {ck.get('name')}"
-            calc = calcs.get(ck.get("calculation"))
-            if calc is None:
-                raise ProgramError(f"bmv2 JSON: unknown calculation in {where}")
-            if calc.get("algo") != "csum16":
-                raise UnsupportedConstruct(f"checksum algorithm {calc.get('algo')}", where)
-            inputs = []
-            for item in calc.get("input", []):
-                if item.get("type") != "field":
-                    raise UnsupportedConstruct(f"checksum input {item.get('type')}", where)
-                i = self._field(item["value"], where)
-                inputs.append((i, self.field_width[i]))
-            total = sum(w for _, w in inputs)
-            if total % 8:
-                raise ProgramError(f"bmv2 JSON: checksum input is not whole bytes in {where}")
+            if ck.get("type", "generic") != "generic":
+                raise UnsupportedConstruct(f"checksum type {ck.get('type')}", where)
+            compute = self.calculation(ck.get("calculation"), where)
             target = self._field(ck["target"], where)
+            target_header = self.field_header[target]
             cond = self.expr(ck["if_cond"], where) if ck.get("if_cond") else None
-            compute = _csum16_fn(inputs, total // 8)
             if ck.get("verify", True):
-                verifies.append(_verify_stmt(compute, target, cond, cerr))
+                verifies.append(_verify_stmt(compute, target, target_header, cond, cerr))
             if ck.get("update", True):
-                updates.append(_update_stmt(compute, target, cond))
+                updates.append(_update_stmt(compute, target, (1 << self.field_width[target]) - 1, cond))
 
         def run_all(stmts: list[Stmt]) -> Stmt:
             def run(p: Packet, ad: list[int]) -> None:
@@ -689,10 +1105,15 @@ class Program:
 
     def _load_table(self, t: dict[str, Any], pname: str) -> TableDef:
         where = f"table {t.get('name')}"
+        if t.get("support_timeout"):
+            raise UnsupportedConstruct("idle timeout (support_timeout)", where)
         if t.get("type", "simple") != "simple":
             raise UnsupportedConstruct(f"table type {t.get('type')}", where)
+        dmeter = None
         if t.get("direct_meters"):
-            raise UnsupportedConstruct("direct meter", where)
+            dmeter = self.direct_meters.get(str(t["direct_meters"]))
+            if dmeter is None or dmeter.table != t.get("name"):
+                raise ProgramError(f"bmv2 JSON: {where} has unknown direct meter {t['direct_meters']!r}")
         key_fields: list[KeyField] = []
         getters: list[Callable[[Packet], int]] = []
         names: list[str] = []
@@ -743,6 +1164,8 @@ class Program:
             uses_hit_miss=uses_hit_miss,
             with_counters=bool(t.get("with_counters")),
             key_names=names,
+            direct_meter=dmeter,
+            direct_counter=self.direct_counters.get(t["name"]),
         )
         for ce in t.get("entries", []) or []:
             tdef.table.insert(self._const_entry(ce, key_fields, where))
@@ -780,6 +1203,9 @@ class Program:
         actions = self.actions
         with_counters = tdef.with_counters
 
+        if tdef.direct_meter is not None:
+            return self._metered_table_node(tdef)
+
         def apply(p: Packet) -> str | None:
             entry = table.lookup(key_fn(p))
             if entry is not None:
@@ -796,36 +1222,208 @@ class Program:
 
         return apply
 
+    def _metered_table_node(self, tdef: TableDef) -> Callable[[Packet], str | None]:
+        # bmv2 executes a direct meter only on a hit, before the action, into the meter's result field.
+        dm = tdef.direct_meter
+        assert dm is not None
+        table, key_fn, actions, now = tdef.table, tdef.key_fn, self.actions, self.clock.now_us
+        out, omask, by_bytes = dm.result, (1 << self.field_width[dm.result]) - 1, dm.unit == "bytes"
+        with_counters = tdef.with_counters
+
+        def apply_metered(p: Packet) -> str | None:
+            entry = table.lookup(key_fn(p))
+            if entry is not None:
+                aid, data = entry.action_id, entry.action_data
+                if with_counters:
+                    entry.packets += 1
+                    entry.bytes += p.length
+                meter = entry.meter
+                color = meter.execute(p.length if by_bytes else 1, now()) if meter is not None else 0
+                p.f[out] = color & omask
+            else:
+                aid, data = tdef.default_action_id, tdef.default_action_data
+            actions[aid].body(p, data)
+            if tdef.uses_hit_miss:
+                return tdef.next_hit if entry is not None else tdef.next_miss
+            return tdef.next_by_action.get(aid)
+
+        return apply_metered
+
     # ---------------------------------------------------------------- packet processing
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         """Run one packet through parser, ingress, egress and deparser; return (port, bytes) outputs."""
-        sm = self._sm
-        p = Packet(self.template_f.copy(), self.template_v.copy(), len(data))
+        ip, pl, igt, es, ep, egt = self._fast_idx
+        stk = self.template_stk
+        n = len(data)
+        p = Packet(self.template_f.copy(), self.template_v.copy(), n, stk.copy() if stk else None)
         f = p.f
-        f[sm["ingress_port"]] = port
-        if sm["packet_length"] >= 0:
-            f[sm["packet_length"]] = len(data)
-        if sm["ingress_global_timestamp"] >= 0:
-            f[sm["ingress_global_timestamp"]] = self.clock.now_us()
+        f[ip] = port
+        if pl >= 0:
+            f[pl] = n
+        if igt >= 0:
+            f[igt] = self.clock.now_us()
         try:
             self.parser(p, data)
             self.verify_checksums(p, [])
             self.ingress(p)
-            egress_spec = f[sm["egress_spec"]]
+            egress_spec = f[es]
             if egress_spec == DROP_PORT:
                 return []
             p.exited = False
-            f[sm["egress_port"]] = egress_spec
-            if sm["egress_global_timestamp"] >= 0:
-                f[sm["egress_global_timestamp"]] = self.clock.now_us()
+            f[ep] = egress_spec
+            f[es] = self._egress_spec_init
+            if egt >= 0:
+                f[egt] = self.clock.now_us()
             self.egress(p)
-            if f[sm["egress_spec"]] == DROP_PORT:
+            if f[es] == DROP_PORT:
                 return []
             self.update_checksums(p, [])
             return [(egress_spec, self.deparse(p))]
         except PacketAbort:
             return []
+
+    # ---------------------------------------------------------------- replication (simple_switch's threads)
+
+    def process_general(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
+        """process() for programs that replicate: simple_switch's ingress and egress steps with its queues."""
+        out: list[tuple[int, bytes]] = []
+        ingress_q: deque[tuple[int, bytes, list[tuple[int, int]] | None, int]] = deque([(port, data, None, NORMAL)])
+        egress_q: deque[tuple[int, RPacket]] = deque()
+        for _ in range(MAX_PASSES):
+            if ingress_q:
+                self._ingress_step(*ingress_q.popleft(), ingress_q, egress_q)
+            elif egress_q:
+                eport, p = egress_q.popleft()
+                self._egress_step(eport, p, ingress_q, egress_q, out)
+            else:
+                break
+        return out
+
+    def _new_packet(self, port: int, data: bytes, preserved: list[tuple[int, int]] | None, itype: int) -> RPacket:
+        stk = self.template_stk
+        p = RPacket(self.template_f.copy(), self.template_v.copy(), len(data), stk.copy() if stk else None)
+        f, sm = p.f, self._sm
+        if preserved is None:  # received from a port
+            f[sm["ingress_port"]] = port
+            if sm["ingress_global_timestamp"] >= 0:
+                f[sm["ingress_global_timestamp"]] = self.clock.now_us()
+        else:  # resubmitted or recirculated: metadata reset, then the field list copied over
+            for i, value in preserved:
+                f[i] = value
+            if sm["instance_type"] >= 0:
+                f[sm["instance_type"]] = itype
+        if sm["packet_length"] >= 0:
+            f[sm["packet_length"]] = len(data)
+        return p
+
+    def _preserved(self, p: Packet, fl: int) -> list[tuple[int, int]]:
+        return [(i, p.f[i]) for i in self.field_lists.get(fl, [])]
+
+    def _reset_metadata(self, p: RPacket, preserved: list[tuple[int, int]], itype: int) -> None:
+        f = p.f
+        for lo, hi in self._metadata_spans:
+            f[lo:hi] = self.template_f[lo:hi]
+        for i, value in preserved:
+            f[i] = value
+        if self._sm["instance_type"] >= 0:
+            f[self._sm["instance_type"]] = itype
+
+    @staticmethod
+    def _copy(p: RPacket) -> RPacket:
+        q = RPacket(p.f.copy(), p.v.copy(), p.length, p.stk.copy() if p.stk else None)
+        q.payload = p.payload
+        return q
+
+    def _replicate(self, p: RPacket, replicas: list[tuple[int, int]], egress_q: deque[tuple[int, RPacket]]) -> None:
+        rid = self._sm.get("egress_rid", -1)
+        for eport, r in replicas:
+            q = self._copy(p)
+            if rid >= 0:
+                q.f[rid] = r
+            egress_q.append((eport, q))
+
+    def _ingress_step(
+        self,
+        port: int,
+        data: bytes,
+        preserved: list[tuple[int, int]] | None,
+        itype: int,
+        ingress_q: deque[tuple[int, bytes, list[tuple[int, int]] | None, int]],
+        egress_q: deque[tuple[int, RPacket]],
+    ) -> None:
+        sm = self._sm
+        p = self._new_packet(port, data, preserved, itype)
+        try:
+            self.parser(p, data)
+            self.verify_checksums(p, [])
+            self.ingress(p)
+        except PacketAbort:
+            return
+        f = p.f
+        if p.clone is not None:
+            session, fl = p.clone
+            replicas = self.pre.clone_sessions.get(session)
+            if replicas is not None:
+                # The clone is parsed again from the received bytes (with the ingress port set first,
+                # as simple_switch does), then its metadata is reset and the field list copied.
+                q = self._new_packet(port, data, None, NORMAL)
+                try:
+                    self.parser(q, data)
+                except PacketAbort:
+                    q = None  # type: ignore[assignment]
+                if q is not None:
+                    self._reset_metadata(q, self._preserved(p, fl), INGRESS_CLONE)
+                    self._replicate(q, replicas, egress_q)
+        if p.resubmit:
+            ingress_q.append((port, data, self._preserved(p, p.resubmit), RESUBMIT))
+            return
+        mgid = f[sm["mcast_grp"]] if sm["mcast_grp"] >= 0 else 0
+        if mgid:
+            if sm["instance_type"] >= 0:
+                f[sm["instance_type"]] = REPLICATION
+            self._replicate(p, self.pre.groups.get(mgid, []), egress_q)
+            return
+        egress_spec = f[sm["egress_spec"]]
+        if egress_spec == DROP_PORT:
+            return
+        if sm["instance_type"] >= 0:
+            f[sm["instance_type"]] = NORMAL
+        egress_q.append((egress_spec, p))
+
+    def _egress_step(
+        self,
+        eport: int,
+        p: RPacket,
+        ingress_q: deque[tuple[int, bytes, list[tuple[int, int]] | None, int]],
+        egress_q: deque[tuple[int, RPacket]],
+        out: list[tuple[int, bytes]],
+    ) -> None:
+        sm, f = self._sm, p.f
+        p.exited, p.clone, p.resubmit, p.recirc = False, None, 0, 0
+        f[sm["egress_port"]] = eport
+        f[sm["egress_spec"]] = self._egress_spec_init
+        if sm["egress_global_timestamp"] >= 0:
+            f[sm["egress_global_timestamp"]] = self.clock.now_us()
+        try:
+            self.egress(p)
+        except PacketAbort:
+            return
+        if p.clone is not None:
+            session, fl = p.clone
+            replicas = self.pre.clone_sessions.get(session)
+            if replicas is not None:  # a copy of the packet as egress left it, metadata reset
+                q = self._copy(p)
+                self._reset_metadata(q, self._preserved(p, fl), EGRESS_CLONE)
+                self._replicate(q, replicas, egress_q)
+        if f[sm["egress_spec"]] == DROP_PORT:
+            return
+        self.update_checksums(p, [])
+        data = self.deparse(p)
+        if p.recirc:
+            ingress_q.append((0, data, self._preserved(p, p.recirc), RECIRC))
+            return
+        out.append((eport, data))
 
 
 class ParserError(Exception):
@@ -839,6 +1437,39 @@ class ParserError(Exception):
 
 class PacketAbort(Exception):
     """An assert/assume failed: bmv2 stops processing the packet."""
+
+
+def _no_nested_runtime_data(operands: tuple[Any, ...], where: str) -> None:
+    # bmv2's build_expression knows "local" only: p4c 1.2.4 emits "runtime_data" inside an expression
+    # for a stack index taken straight from an action parameter, and simple_switch fails to load it.
+    for operand in operands:
+        if isinstance(operand, dict) and operand.get("type") == "runtime_data":
+            raise UnsupportedConstruct("runtime_data inside an expression (bmv2 refuses it too)", where)
+
+
+def _peek(bit_off: int, width: int, check: int | None) -> Callable[[Packet, bytes, int], int]:
+    """The `width` bits at `bit_off` bits past the parser's offset; with `check`, PacketTooShort as bmv2's
+    ParserOpSet<ParserLookAhead> (which counts only the looked-at bytes, not the offset)."""
+    first, skip = bit_off // 8, bit_off % 8
+    span = (skip + width + 7) // 8
+    nbytes = (width + 7) // 8
+    drop = span * 8 - skip - width
+    mask = (1 << width) - 1
+
+    def peek(p: Packet, data: bytes, off: int) -> int:
+        if check is not None and len(data) - off < nbytes:
+            raise ParserError(check, off)
+        chunk = data[off + first : off + first + span]
+        return (int.from_bytes(chunk.ljust(span, b"\0"), "big") >> drop) & mask
+
+    return peek
+
+
+def _assign_at(loc: Callable[[Packet, list[int]], int], s: Expr, mask: int) -> Stmt:
+    def assign_at(p: Packet, ad: list[int]) -> None:
+        p.f[loc(p, ad)] = s(p, ad) & mask
+
+    return assign_at
 
 
 def _field_expr(i: int) -> Expr:
@@ -864,34 +1495,42 @@ def _key_fn(getters: list[Callable[[Packet], int]]) -> Callable[[Packet], tuple[
     return lambda p: tuple(g(p) for g in getters)
 
 
-def _csum16_fn(inputs: list[tuple[int, int]], nbytes: int) -> Callable[[Packet], int]:
+U64 = (1 << 64) - 1
+
+
+def _calc_fn(items: list[tuple[int, int, int, int]], fn: Callable[[bytes], int]) -> Callable[[Packet], int]:
+    # bmv2 packs the inputs bit by bit, skips fields of invalid headers, and pads the last byte
+    # with zeros at its tail.
     def compute(p: Packet) -> int:
-        value = 0
-        for i, w in inputs:
-            value = (value << w) | p.f[i]
-        data = value.to_bytes(nbytes, "big")
-        if len(data) % 2:
-            data += b"\0"
-        s = sum(int.from_bytes(data[k : k + 2], "big") for k in range(0, len(data), 2))
-        while s >> 16:
-            s = (s & 0xFFFF) + (s >> 16)
-        return ~s & 0xFFFF
+        f, v = p.f, p.v
+        value = nbits = 0
+        for i, w, h, c in items:
+            if i < 0:
+                value = (value << w) | c
+            elif v[h]:
+                value = (value << w) | f[i]
+            else:
+                continue
+            nbits += w
+        pad = -nbits % 8
+        return fn((value << pad).to_bytes((nbits + pad) // 8, "big"))
 
     return compute
 
 
-def _verify_stmt(compute: Callable[[Packet], int], target: int, cond: Expr | None, cerr: int) -> Stmt:
+def _verify_stmt(compute: Callable[[Packet], int], target: int, th: int, cond: Expr | None, cerr: int) -> Stmt:
+    # bmv2 skips the verification when the target field's header is invalid or the condition is false.
     def verify(p: Packet, ad: list[int]) -> None:
-        if (cond is None or cond(p, ad)) and compute(p) != p.f[target] and cerr >= 0:
+        if p.v[th] and (cond is None or cond(p, ad)) and compute(p) != p.f[target] and cerr >= 0:
             p.f[cerr] = 1
 
     return verify
 
 
-def _update_stmt(compute: Callable[[Packet], int], target: int, cond: Expr | None) -> Stmt:
+def _update_stmt(compute: Callable[[Packet], int], target: int, mask: int, cond: Expr | None) -> Stmt:
     def update(p: Packet, ad: list[int]) -> None:
         if cond is None or cond(p, ad):
-            p.f[target] = compute(p)
+            p.f[target] = compute(p) & mask
 
     return update
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import grpc
 from finsy.proto import p4i, p4r
 
-from .errors import ProgramError
-from .externs import CounterArray
+from .errors import ProgramError, UnsupportedConstruct
+from .externs import CounterArray, Meter, RegisterArray, ValueSet, configure_meter, meter_config
 from .program import Program, TableDef
 from .tables import Entry
 
@@ -72,11 +72,19 @@ class Pipeline:
         self.tables: dict[int, TableBinding] = {}
         self.counters: dict[int, tuple[p4i.Counter, CounterArray]] = {}
         self.meters: dict[int, p4i.Meter] = {}
+        self.registers: dict[int, tuple[p4i.Register, RegisterArray]] = {}
+        self.value_sets: dict[int, tuple[p4i.ValueSet, ValueSet]] = {}
+        self.vset_members: dict[int, list[p4r.ValueSetMember]] = {}
+        self.direct_counters: dict[int, TableBinding] = {}  # direct counter id -> its table
+        self.direct_meters: dict[int, TableBinding] = {}
         self.action_info: dict[int, p4i.Action] = {a.preamble.id: a for a in p4info.actions}
         self._bind()
 
     def _bind(self) -> None:
         prog = self.program
+        if self.p4info.controller_packet_metadata:
+            names = ", ".join(m.preamble.name for m in self.p4info.controller_packet_metadata)
+            raise UnsupportedConstruct("controller_packet_metadata (packet-in/out)", f"P4Info ({names})")
         for t in self.p4info.tables:
             name = t.preamble.name
             tdef = prog.tables.get(name)
@@ -120,6 +128,31 @@ class Pipeline:
             if m.preamble.name not in prog.meters:
                 raise ProgramError(f"P4Info meter {m.preamble.name!r} is not in the bmv2 JSON")
             self.meters[m.preamble.id] = m
+        self._bind_direct_and_stateful()
+
+    def _bind_direct_and_stateful(self) -> None:
+        prog = self.program
+        for r in self.p4info.registers:
+            arr = prog.registers.get(r.preamble.name)
+            if arr is None:
+                raise ProgramError(f"P4Info register {r.preamble.name!r} is not in the bmv2 JSON")
+            self.registers[r.preamble.id] = (r, arr)
+        for v in self.p4info.value_sets:
+            vset = prog.vsets.get(v.preamble.name)
+            if vset is None:
+                raise ProgramError(f"P4Info value set {v.preamble.name!r} is not in the bmv2 JSON")
+            self.value_sets[v.preamble.id] = (v, vset)
+            self.vset_members[v.preamble.id] = []
+        for dc in self.p4info.direct_counters:
+            b = self.tables.get(dc.direct_table_id)
+            if b is None or not b.tdef.with_counters:
+                raise ProgramError(f"P4Info direct counter {dc.preamble.name!r} has no table with counters")
+            self.direct_counters[dc.preamble.id] = b
+        for dm in self.p4info.direct_meters:
+            b = self.tables.get(dm.direct_table_id)
+            if b is None or b.tdef.direct_meter is None:
+                raise ProgramError(f"P4Info direct meter {dm.preamble.name!r} has no table with a direct meter")
+            self.direct_meters[dm.preamble.id] = b
 
     # ---------------------------------------------------------------- writes
 
@@ -132,6 +165,16 @@ class Pipeline:
             self._write_meter(update.type, update.entity.meter_entry)
         elif kind == "counter_entry":
             self._write_counter(update.type, update.entity.counter_entry)
+        elif kind == "direct_counter_entry":
+            self._write_direct_counter(update.type, update.entity.direct_counter_entry)
+        elif kind == "direct_meter_entry":
+            self._write_direct_meter(update.type, update.entity.direct_meter_entry)
+        elif kind == "register_entry":
+            self._write_register(update.type, update.entity.register_entry)
+        elif kind == "value_set_entry":
+            self._write_value_set(update.type, update.entity.value_set_entry)
+        elif kind == "packet_replication_engine_entry":
+            self._write_pre(update.type, update.entity.packet_replication_engine_entry)
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"entity {kind} is not supported by this target")
 
@@ -257,6 +300,10 @@ class Pipeline:
             entry = Entry(match, aid, data, prio, meta={"entity": _stored(te)})
             if te.HasField("counter_data"):
                 entry.packets, entry.bytes = te.counter_data.packet_count, te.counter_data.byte_count
+            if tdef.direct_meter is not None:
+                entry.meter = Meter()
+                if te.HasField("meter_config"):
+                    self._configure(entry.meter, te.meter_config, b.info.preamble.name)
             tdef.table.insert(entry)
         elif kind == p4r.Update.MODIFY:
             if existing is None:
@@ -265,6 +312,8 @@ class Pipeline:
             # Swap action in place: one assignment of a tuple keeps the packet path consistent.
             existing.action_id, existing.action_data = aid, data
             existing.meta["entity"] = _stored(te)
+            if te.HasField("meter_config") and existing.meter is not None:
+                self._configure(existing.meter, te.meter_config, b.info.preamble.name)
             if te.HasField("counter_data"):
                 existing.packets, existing.bytes = te.counter_data.packet_count, te.counter_data.byte_count
         elif kind == p4r.Update.DELETE:
@@ -333,6 +382,16 @@ class Pipeline:
             yield from self._read_meters(entity.meter_entry)
         elif kind == "counter_entry":
             yield from self._read_counters(entity.counter_entry)
+        elif kind == "direct_counter_entry":
+            yield from self._read_direct_counters(entity.direct_counter_entry)
+        elif kind == "direct_meter_entry":
+            yield from self._read_direct_meters(entity.direct_meter_entry)
+        elif kind == "register_entry":
+            yield from self._read_registers(entity.register_entry)
+        elif kind == "value_set_entry":
+            yield from self._read_value_sets(entity.value_set_entry)
+        elif kind == "packet_replication_engine_entry":
+            yield from self._read_pre(entity.packet_replication_engine_entry)
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"reading {kind} is not supported by this target")
 
@@ -369,6 +428,11 @@ class Pipeline:
                 if want_counters and b.tdef.with_counters:
                     te.counter_data.packet_count = entry.packets
                     te.counter_data.byte_count = entry.bytes
+                if req.HasField("meter_config") and entry.meter is not None:
+                    cfg = meter_config(entry.meter)
+                    if cfg is not None:
+                        c = te.meter_config
+                        c.cir, c.cburst, c.pir, c.pburst = cfg
                 yield p4r.Entity(table_entry=te)
 
     def _read_meters(self, req: p4r.MeterEntry) -> Iterator[p4r.Entity]:
@@ -408,6 +472,254 @@ class Pipeline:
                 out.data.packet_count = arr.packets[idx]
                 out.data.byte_count = arr.bytes[idx]
                 yield p4r.Entity(counter_entry=out)
+
+    # ---------------------------------------------------------------- direct resources, registers, value sets
+
+    @staticmethod
+    def _configure(cell: Meter, c: p4r.MeterConfig, what: str) -> None:
+        if c.cir < 0 or c.pir < 0 or c.cburst < 0 or c.pburst < 0:
+            raise _invalid("meter config values must be >= 0")
+        if c.cir > c.pir:
+            raise _invalid(f"meter {what}: cir {c.cir} > pir {c.pir}")
+        configure_meter(cell, c.cir, c.cburst, c.pir, c.pburst)
+
+    def _direct_entry(self, b: TableBinding, te: p4r.TableEntry) -> Entry:
+        if te.table_id != b.info.preamble.id:
+            raise _invalid(f"table_entry.table_id {te.table_id} is not the direct resource's table")
+        match, prio = self._match(b, te)
+        entry = b.tdef.table.entries.get(b.tdef.table.identity(match, prio))
+        if entry is None:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
+        return entry
+
+    def _direct_binding(self, kinds: dict[int, TableBinding], rid: int, te: p4r.TableEntry) -> list[TableBinding]:
+        if rid:
+            b = kinds.get(rid)
+            if b is None:
+                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"direct resource id {rid} is not in the P4Info")
+            return [b]
+        if te.table_id:
+            return [b for b in kinds.values() if b.info.preamble.id == te.table_id]
+        return list(kinds.values())
+
+    def _direct_targets(
+        self, kinds: dict[int, TableBinding], req_te: p4r.TableEntry
+    ) -> Iterator[tuple[TableBinding, Entry]]:
+        bindings = self._direct_binding(kinds, 0, req_te)
+        if req_te.table_id and not bindings:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"table id {req_te.table_id} has no such direct resource")
+        for b in bindings:
+            if req_te.match:
+                yield b, self._direct_entry(b, req_te)
+            else:
+                for entry in list(b.tdef.table.entries.values()):
+                    yield b, entry
+
+    def _write_direct_counter(self, kind: int, dc: p4r.DirectCounterEntry) -> None:
+        if kind != p4r.Update.MODIFY:
+            raise _invalid("direct counter entries can only be modified")
+        b = self._binding(dc.table_entry.table_id)
+        if b.tdef.direct_counter is None:
+            raise _invalid(f"table {b.info.preamble.name} has no direct counter")
+        entry = self._direct_entry(b, dc.table_entry)
+        entry.packets, entry.bytes = dc.data.packet_count, dc.data.byte_count
+
+    def _write_direct_meter(self, kind: int, dm: p4r.DirectMeterEntry) -> None:
+        if kind != p4r.Update.MODIFY:
+            raise _invalid("direct meter entries can only be modified")
+        b = self._binding(dm.table_entry.table_id)
+        if b.tdef.direct_meter is None:
+            raise _invalid(f"table {b.info.preamble.name} has no direct meter")
+        entry = self._direct_entry(b, dm.table_entry)
+        if entry.meter is None:
+            entry.meter = Meter()
+        if dm.HasField("config"):
+            self._configure(entry.meter, dm.config, b.info.preamble.name)
+        else:
+            entry.meter.reset()
+
+    def _entry_key(self, b: TableBinding, entry: Entry) -> p4r.TableEntry:
+        stored = entry.meta.get("entity")
+        te = p4r.TableEntry()
+        if stored is not None:
+            te.table_id, te.priority = stored.table_id, stored.priority
+            te.match.extend(stored.match)
+        else:
+            te.table_id, te.priority = b.info.preamble.id, entry.priority
+        return te
+
+    def _read_direct_counters(self, req: p4r.DirectCounterEntry) -> Iterator[p4r.Entity]:
+        for b, entry in self._direct_targets(self.direct_counters, req.table_entry):
+            out = p4r.DirectCounterEntry(table_entry=self._entry_key(b, entry))
+            out.data.packet_count, out.data.byte_count = entry.packets, entry.bytes
+            yield p4r.Entity(direct_counter_entry=out)
+
+    def _read_direct_meters(self, req: p4r.DirectMeterEntry) -> Iterator[p4r.Entity]:
+        for b, entry in self._direct_targets(self.direct_meters, req.table_entry):
+            out = p4r.DirectMeterEntry(table_entry=self._entry_key(b, entry))
+            cfg = meter_config(entry.meter) if entry.meter is not None else None
+            if cfg is not None:
+                out.config.cir, out.config.cburst, out.config.pir, out.config.pburst = cfg
+            yield p4r.Entity(direct_meter_entry=out)
+
+    def _register(self, rid: int) -> tuple[p4i.Register, RegisterArray]:
+        found = self.registers.get(rid)
+        if found is None:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"register id {rid} is not in the P4Info")
+        return found
+
+    def _register_indexes(self, info: p4i.Register, arr: RegisterArray, re: p4r.RegisterEntry) -> list[int]:
+        if not re.HasField("index"):
+            return list(range(arr.size))
+        idx = re.index.index
+        if not 0 <= idx < arr.size:
+            raise P4RuntimeError(
+                grpc.StatusCode.OUT_OF_RANGE, f"register {info.preamble.name}: index {idx} outside 0..{arr.size - 1}"
+            )
+        return [idx]
+
+    def _write_register(self, kind: int, re: p4r.RegisterEntry) -> None:
+        if kind != p4r.Update.MODIFY:
+            raise _invalid("register entries can only be modified")
+        info, arr = self._register(re.register_id)
+        if re.data.WhichOneof("data") != "bitstring":
+            raise _invalid(f"register {info.preamble.name}: data must be a bitstring")
+        value = decode_bytes(re.data.bitstring, arr.mask.bit_length(), f"register {info.preamble.name}")
+        for idx in self._register_indexes(info, arr, re):
+            arr.values[idx] = value
+
+    def _read_registers(self, req: p4r.RegisterEntry) -> Iterator[p4r.Entity]:
+        ids = [req.register_id] if req.register_id else list(self.registers)
+        for rid in ids:
+            info, arr = self._register(rid)
+            for idx in self._register_indexes(info, arr, req):
+                out = p4r.RegisterEntry(register_id=rid, index=p4r.Index(index=idx))
+                out.data.bitstring = encode_bytes(arr.values[idx])
+                yield p4r.Entity(register_entry=out)
+
+    def _write_value_set(self, kind: int, ve: p4r.ValueSetEntry) -> None:
+        # P4Runtime: a value set is written whole with MODIFY; its members replace the old ones.
+        if kind != p4r.Update.MODIFY:
+            raise _invalid("value set entries can only be modified")
+        found = self.value_sets.get(ve.value_set_id)
+        if found is None:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"value set id {ve.value_set_id} is not in the P4Info")
+        info, vset = found
+        if len(ve.members) > info.size:
+            raise P4RuntimeError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"value set {info.preamble.name} holds at most {info.size} members"
+            )
+        values = [self._vset_value(info, m) for m in ve.members]
+        kept = []
+        for m in ve.members:
+            c = p4r.ValueSetMember()
+            c.CopyFrom(m)
+            for fm in c.match:
+                fm.exact.value = canonical(fm.exact.value)
+            kept.append(c)
+        vset.values = frozenset(values)
+        self.vset_members[ve.value_set_id] = kept
+
+    @staticmethod
+    def _vset_value(info: p4i.ValueSet, member: p4r.ValueSetMember) -> int:
+        by_id = {fm.field_id: fm for fm in member.match}
+        if set(by_id) != {mf.id for mf in info.match} or len(by_id) != len(member.match):
+            raise _invalid(f"value set {info.preamble.name}: a member must match every field exactly once")
+        value = 0
+        for mf in info.match:
+            fm = by_id[mf.id]
+            if fm.WhichOneof("field_match_type") != "exact":
+                raise P4RuntimeError(
+                    grpc.StatusCode.UNIMPLEMENTED, f"value set {info.preamble.name}: only exact members are supported"
+                )
+            value = (value << mf.bitwidth) | decode_bytes(fm.exact.value, mf.bitwidth, f"value set field {mf.name!r}")
+        return value
+
+    def _read_value_sets(self, req: p4r.ValueSetEntry) -> Iterator[p4r.Entity]:
+        ids = [req.value_set_id] if req.value_set_id else list(self.value_sets)
+        for vid in ids:
+            if vid not in self.value_sets:
+                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"value set id {vid} is not in the P4Info")
+            yield p4r.Entity(value_set_entry=p4r.ValueSetEntry(value_set_id=vid, members=self.vset_members[vid]))
+
+    # ---------------------------------------------------------------- packet replication engine
+
+    def _write_pre(self, kind: int, pre: p4r.PacketReplicationEngineEntry) -> None:
+        which = pre.WhichOneof("type")
+        if which == "multicast_group_entry":
+            g = pre.multicast_group_entry
+            if g.multicast_group_id == 0:
+                raise _invalid("multicast group id 0 is not valid")
+            self._write_replicas(kind, self.program.pre.groups, g.multicast_group_id, g.replicas, "Multicast group")
+        elif which == "clone_session_entry":
+            cs = pre.clone_session_entry
+            # PI's PreCloneMgr: session ids 1..32767; class of service unsupported; this target also
+            # refuses truncation (packet_length_bytes), which it does not implement.
+            if not 1 <= cs.session_id < 32768:
+                raise _invalid("Clone session id out-of-range")
+            if cs.class_of_service:
+                raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, "COS for clone sessions not supported yet")
+            if cs.packet_length_bytes:
+                raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, "clone truncation is not supported by this target")
+            self._write_replicas(kind, self.program.pre.clone_sessions, cs.session_id, cs.replicas, "Clone session")
+        else:
+            raise _invalid("packet replication engine entry has no type")
+
+    @staticmethod
+    def _write_replicas(
+        kind: int, table: dict[int, list[tuple[int, int]]], key: int, replicas: object, what: str
+    ) -> None:
+        exists = key in table
+        if kind == p4r.Update.INSERT and exists:
+            raise P4RuntimeError(grpc.StatusCode.ALREADY_EXISTS, f"{what} already exists")
+        if kind in (p4r.Update.MODIFY, p4r.Update.DELETE) and not exists:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"{what} does not exist")
+        if kind == p4r.Update.DELETE:
+            del table[key]
+            return
+        if kind not in (p4r.Update.INSERT, p4r.Update.MODIFY):
+            raise _invalid(f"update type {kind} is not valid")
+        out: list[tuple[int, int]] = []
+        for r in replicas:  # type: ignore[attr-defined]
+            which = r.WhichOneof("port_kind")
+            if which == "egress_port":
+                port = r.egress_port
+            elif which == "port":
+                port = int.from_bytes(r.port, "big")
+            else:
+                raise _invalid("Missing port in multicast group replica")
+            if (port, r.instance) in out:
+                raise _invalid("Duplicate replica in multicast group")
+            out.append((port, r.instance))
+        table[key] = out
+
+    def _read_pre(self, req: p4r.PacketReplicationEngineEntry) -> Iterator[p4r.Entity]:
+        pre = self.program.pre
+        which = req.WhichOneof("type")
+        if which == "multicast_group_entry":
+            gid = req.multicast_group_entry.multicast_group_id
+            for key in [gid] if gid else sorted(pre.groups):
+                if key not in pre.groups:
+                    raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "Multicast group does not exist")
+                g = p4r.MulticastGroupEntry(multicast_group_id=key)
+                for port, rid in pre.groups[key]:
+                    g.replicas.add(egress_port=port, instance=rid)
+                yield p4r.Entity(
+                    packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(multicast_group_entry=g)
+                )
+        elif which == "clone_session_entry":
+            sid = req.clone_session_entry.session_id
+            for key in [sid] if sid else sorted(pre.clone_sessions):
+                if key not in pre.clone_sessions:
+                    raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "Clone session does not exist")
+                cs = p4r.CloneSessionEntry(session_id=key)
+                for port, rid in pre.clone_sessions[key]:
+                    cs.replicas.add(egress_port=port, instance=rid)
+                yield p4r.Entity(
+                    packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(clone_session_entry=cs)
+                )
+        else:
+            raise _invalid("packet replication engine read needs a type")
 
 
 def _wildcard(kind: str, width: int) -> object:

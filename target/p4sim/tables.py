@@ -23,6 +23,8 @@ class Entry:
     meta: dict[str, Any] = field(default_factory=dict)
     packets: int = 0
     bytes: int = 0
+    # The entry's direct meter cell (externs.Meter), created when the table has a direct meter.
+    meter: Any = None
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ header out_t {
 struct headers_t {
     ethernet_t ethernet;
     in_t       in_;
-    out_t      out;
+    out_t      res;
 }
 
 struct metadata_t { }
@@ -52,18 +52,18 @@ control VC(inout headers_t hdr, inout metadata_t meta) { apply { } }
 control I(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t sm) {
     apply {
         sm.egress_spec = 1;
-        hdr.out.setValid();
-        hash(hdr.out.crc16, HashAlgorithm.crc16, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
-        hash(hdr.out.crc32, HashAlgorithm.crc32, 32w0, { hdr.in_.a, hdr.in_.b }, 64w4294967296);
-        hash(hdr.out.crc16_custom, HashAlgorithm.crc16_custom, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
-        hash(hdr.out.crc32_custom, HashAlgorithm.crc32_custom, 32w0, { hdr.in_.a, hdr.in_.b }, 64w4294967296);
-        hash(hdr.out.identity, HashAlgorithm.identity, 16w0, { hdr.in_.b }, 32w65536);
-        hash(hdr.out.csum16, HashAlgorithm.csum16, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
-        hash(hdr.out.xor16, HashAlgorithm.xor16, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
-        hash(hdr.out.ranged, HashAlgorithm.crc32, 32w100, { hdr.in_.a, hdr.in_.b, hdr.in_.c, hdr.in_.d }, 32w1000);
-        hash(hdr.out.ident_wide, HashAlgorithm.identity, 64w0,
-             { hdr.ethernet.srcAddr, hdr.in_.b, hdr.in_.c, hdr.in_.d }, 128w18446744073709551616);
-        hash(hdr.out.odd, HashAlgorithm.crc16, 8w0, { hdr.in_.c, hdr.in_.b[7:0] }, 16w256);
+        hdr.res.setValid();
+        hash(hdr.res.crc16, HashAlgorithm.crc16, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
+        hash(hdr.res.crc32, HashAlgorithm.crc32, 32w0, { hdr.in_.a, hdr.in_.b }, 64w4294967296);
+        hash(hdr.res.crc16_custom, HashAlgorithm.crc16_custom, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
+        hash(hdr.res.crc32_custom, HashAlgorithm.crc32_custom, 32w0, { hdr.in_.a, hdr.in_.b }, 64w4294967296);
+        hash(hdr.res.identity, HashAlgorithm.identity, 16w0, { hdr.in_.b }, 32w65536);
+        hash(hdr.res.csum16, HashAlgorithm.csum16, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
+        hash(hdr.res.xor16, HashAlgorithm.xor16, 16w0, { hdr.in_.a, hdr.in_.b }, 32w65536);
+        hash(hdr.res.ranged, HashAlgorithm.crc32, 32w100, { hdr.in_.a, hdr.in_.b, hdr.in_.c, hdr.in_.d }, 32w1000);
+        hash(hdr.res.ident_wide, HashAlgorithm.identity, 64w0,
+             { hdr.ethernet.srcAddr, hdr.in_.b, hdr.in_.c, hdr.in_.d }, 64w0xffffffffffffffff);
+        hash(hdr.res.odd, HashAlgorithm.crc16, 8w0, { hdr.in_.c, hdr.in_.b[7:0] }, 16w256);
     }
 }
 
@@ -71,7 +71,7 @@ control E(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t 
 
 control CC(inout headers_t hdr, inout metadata_t meta) {
     apply {
-        update_checksum(hdr.out.isValid(), { hdr.in_.a, hdr.in_.b }, hdr.out.ck, HashAlgorithm.crc16);
+        update_checksum(hdr.res.isValid(), { hdr.in_.a, hdr.in_.b }, hdr.res.ck, HashAlgorithm.crc16);
     }
 }
 
@@ -79,7 +79,7 @@ control D(packet_out packet, in headers_t hdr) {
     apply {
         packet.emit(hdr.ethernet);
         packet.emit(hdr.in_);
-        packet.emit(hdr.out);
+        packet.emit(hdr.res);
     }
 }
 

@@ -71,9 +71,11 @@ control I(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t 
     action swap(bit<20> label) {
         hdr.mpls[0].label = label;
         hdr.mpls[0].ttl = hdr.mpls[0].ttl - 1;
+        hdr.mpls[0].tc = label == 401 ? 3w5 : 3w1;  // an action parameter inside an expression
     }
-    action pick(bit<2> i) {
-        meta.idx = i;
+    action pick() {
+        // A runtime index from a metadata field. (An index straight from an action parameter makes
+        // p4c 1.2.4 emit "runtime_data" inside an expression, which bmv2 refuses to load.)
         hdr.info.picked = (bit<32>)hdr.mpls[meta.idx].label;
         hdr.mpls[meta.idx].tc = 7;
     }
@@ -91,6 +93,7 @@ control I(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t 
             if (hdr.mpls[1].isValid()) { hdr.info.depth = hdr.info.depth + 1; }
             if (hdr.mpls[2].isValid()) { hdr.info.depth = hdr.info.depth + 1; }
         }
+        meta.idx = (bit<2>)hdr.info.picked;
         if (sm.parser_error != error.NoError) {
             sm.egress_spec = 2;
         }

@@ -23,7 +23,7 @@ header out_t {
 struct headers_t {
     ethernet_t ethernet;
     tag_t      tag;
-    out_t      out;
+    out_t      res;
 }
 
 struct metadata_t {
@@ -70,10 +70,10 @@ control VC(inout headers_t hdr, inout metadata_t meta) { apply { } }
 control I(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t sm) {
     apply {
         sm.egress_spec = 1;
-        hdr.out.setValid();
-        hdr.out.path = meta.path;
-        hdr.out.peek = meta.peek;
-        hdr.out.kind = hdr.tag.isValid() ? hdr.tag.kind : 8w0xff;
+        hdr.res.setValid();
+        hdr.res.path = meta.path;
+        hdr.res.peek = meta.peek;
+        hdr.res.kind = hdr.tag.isValid() ? hdr.tag.kind : 8w0xff;
     }
 }
 
@@ -84,7 +84,7 @@ control CC(inout headers_t hdr, inout metadata_t meta) { apply { } }
 control D(packet_out packet, in headers_t hdr) {
     apply {
         packet.emit(hdr.ethernet);
-        packet.emit(hdr.out);
+        packet.emit(hdr.res);
         packet.emit(hdr.tag);
     }
 }

@@ -1,0 +1,315 @@
+"""The corpus under tests/corpus: for each program, how to program it and which frames to send.
+
+Shared by test_corpus.py (the embedded target against hand-written expectations) and
+test_corpus_differential.py (the embedded target against simple_switch_grpc). A case's `setup`
+uses only what both targets' P4Runtime servers implement; a case's `extra_setup` adds what only
+the embedded target serves (simple_switch_grpc answers UNIMPLEMENTED for RegisterEntry and
+ValueSetEntry, see PI's DeviceMgr).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from finsy import P4Schema
+from finsy.proto import p4r
+from google.protobuf import text_format
+from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+
+from p4rt_helpers import Client, table_entry, update
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+MAC_A, MAC_B = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
+
+Setup = Callable[[Client, P4Schema], Awaitable[None]]
+State = Callable[[Client, P4Schema], Awaitable[dict[str, object]]]
+
+
+def pipeline(name: str, cookie: int = 7) -> p4r.ForwardingPipelineConfig:
+    """The corpus program's ForwardingPipelineConfig (its committed JSON and P4Info)."""
+    cfg = p4r.ForwardingPipelineConfig(p4_device_config=(CORPUS / f"{name}.json").read_bytes())
+    text_format.Parse((CORPUS / f"{name}.p4info.txtpb").read_text(), cfg.p4info)
+    cfg.cookie.cookie = cookie
+    return cfg
+
+
+def schema(name: str) -> P4Schema:
+    """finsy's view of the program's P4Info, for encoding entities by name."""
+    return P4Schema(CORPUS / f"{name}.p4info.txtpb", CORPUS / f"{name}.json")
+
+
+async def _nothing(c: Client, sch: P4Schema) -> None:
+    return None
+
+
+async def _no_state(c: Client, sch: P4Schema) -> dict[str, object]:
+    return {}
+
+
+@dataclass
+class Case:
+    """One corpus program: its entries, frames (ingress port, bytes) and the state worth comparing."""
+
+    name: str
+    frames: list[tuple[int, bytes]]
+    setup: Setup = _nothing
+    extra_setup: Setup = _nothing
+    state: State = _no_state
+    ports: tuple[int, ...] = (0, 1, 2, 3)
+    notes: list[str] = field(default_factory=list)
+
+
+def ins(sch: P4Schema, table: str, action: str, match: dict[str, object], **params: int) -> p4r.Update:
+    """An INSERT of one table entry."""
+    return update(p4r.Update.INSERT, table_entry(sch, table, action, match, params))
+
+
+def eth(ethertype: int, payload: bytes = b"", src: str = MAC_A, dst: str = MAC_B) -> bytes:
+    """An Ethernet frame of `ethertype` carrying `payload` (no padding)."""
+    return bytes(Ether(src=src, dst=dst, type=ethertype)) + payload
+
+
+# ---------------------------------------------------------------- ipv4_csum
+
+
+async def ipv4_setup(c: Client, sch: P4Schema) -> None:
+    await c.write(
+        ins(sch, "I.routes", "I.route", {"hdr.ipv4.dstAddr": "10.0.2.0/24"}, port=2, dmac=0x02000000000C),
+        ins(sch, "I.routes", "I.route", {"hdr.ipv4.dstAddr": "10.0.0.0/8"}, port=3, dmac=0x02000000000D),
+    )
+
+
+def ipv4(dst: str, **kw: object) -> IP:
+    """An IPv4 packet from 10.0.1.1 carrying UDP."""
+    return IP(src="10.0.1.1", dst=dst, **kw) / UDP(sport=1, dport=2) / Raw(b"p" * 20)  # type: ignore[arg-type]
+
+
+def ipv4_frames() -> list[tuple[int, bytes]]:
+    """Routed, bad checksum, TTL 1, no route, not IPv4, options (no checksum work), wider prefix."""
+    return [
+        (0, bytes(Ether(src=MAC_A, dst=MAC_B) / ipv4("10.0.2.5", ttl=64))),
+        (0, bytes(Ether(src=MAC_A, dst=MAC_B) / ipv4("10.0.2.5", ttl=64, chksum=0x1234))),
+        (0, bytes(Ether(src=MAC_A, dst=MAC_B) / ipv4("10.0.2.5", ttl=1))),
+        (0, bytes(Ether(src=MAC_A, dst=MAC_B) / ipv4("11.0.0.1"))),
+        (0, bytes(Ether(src=MAC_A, dst="ff:ff:ff:ff:ff:ff") / ARP(pdst="10.0.2.5"))),
+        (1, bytes(Ether(src=MAC_A, dst=MAC_B) / ipv4("10.0.2.6", ttl=9, options=[b"\x01\x01\x01\x01"]))),
+        (1, bytes(Ether(src=MAC_A, dst=MAC_B) / ipv4("10.9.9.9", ttl=2))),
+    ]
+
+
+# ---------------------------------------------------------------- header_stack
+
+
+def mpls(label: int, bos: int, ttl: int, tc: int = 0) -> bytes:
+    """One MPLS label stack entry."""
+    return struct.pack("!I", (label << 12) | (tc << 9) | (bos << 8) | ttl)
+
+
+def info(depth: int = 0, last_ttl: int = 0, picked: int = 0) -> bytes:
+    """header_stack.p4's info header."""
+    return struct.pack("!BBI", depth, last_ttl, picked)
+
+
+async def stack_setup(c: Client, sch: P4Schema) -> None:
+    key = "hdr.mpls[0].label"
+    await c.write(
+        ins(sch, "I.labels", "I.pop", {key: 100}),
+        ins(sch, "I.labels", "I.push", {key: 200}, label=300),
+        ins(sch, "I.labels", "I.swap", {key: 400}, label=401),
+        ins(sch, "I.labels", "I.pick", {key: 500}),
+    )
+
+
+def stack_frames() -> list[tuple[int, bytes]]:
+    """pop, push, swap on a full stack, overflow (StackOutOfBounds), runtime index, no MPLS, pop to empty,
+    push onto a full stack."""
+    tail = b"payload!"
+    return [
+        (0, eth(0x8847, mpls(100, 0, 10) + mpls(7, 1, 20) + info() + tail)),
+        (0, eth(0x8847, mpls(200, 1, 5, tc=3) + info() + tail)),
+        (0, eth(0x8847, mpls(400, 0, 9) + mpls(1, 0, 8) + mpls(2, 1, 7) + info() + tail)),
+        (0, eth(0x8847, mpls(9, 0, 1) + mpls(8, 0, 2) + mpls(7, 0, 3) + mpls(6, 1, 4) + info() + tail)),
+        (0, eth(0x8847, mpls(500, 0, 1) + mpls(600, 0, 2, tc=1) + mpls(700, 1, 3) + info(picked=5) + tail)),  # idx 1
+        (0, eth(0x0800, tail)),
+        (0, eth(0x8847, mpls(100, 1, 3) + info() + tail)),
+        (0, eth(0x8847, mpls(200, 0, 4) + mpls(1, 0, 5) + mpls(2, 1, 6) + info() + tail)),
+    ]
+
+
+# ---------------------------------------------------------------- lookahead_vset
+
+
+def vset_update(sch: P4Schema, values: list[int]) -> p4r.Update:
+    """A MODIFY of P.tagged_types with exact members `values`."""
+    vs = sch.p4info
+    vid = next(v.preamble.id for v in vs.value_sets if v.preamble.name == "P.tagged_types")
+    entry = p4r.ValueSetEntry(value_set_id=vid)
+    for value in values:
+        member = entry.members.add()
+        fm = member.match.add(field_id=1)
+        fm.exact.value = value.to_bytes(2, "big")
+    return update(p4r.Update.MODIFY, p4r.Entity(value_set_entry=entry))
+
+
+async def vset_extra(c: Client, sch: P4Schema) -> None:
+    await c.write(vset_update(sch, [0x88B5, 0x9999]))
+
+
+def lookahead_frames() -> list[tuple[int, bytes]]:
+    """A tag EtherType (value set member, or not on bmv2), IPv4, IPv6, other, and a frame too short to peek."""
+    return [
+        (0, eth(0x88B5, b"\x03\x09rest")),
+        (0, bytes(Ether(src=MAC_A, dst=MAC_B) / IP(src="1.1.1.1", dst="2.2.2.2") / UDP())),
+        (0, bytes(Ether(src=MAC_A, dst=MAC_B) / IPv6(src="fd00::1", dst="fd00::2") / UDP())),
+        (0, eth(0x1234, b"\x12\x34\x56")),
+        (0, eth(0x9999, b"\x07")),
+    ]
+
+
+# ---------------------------------------------------------------- hashes
+
+
+def hashes_frames() -> list[tuple[int, bytes]]:
+    """Two inputs: every algorithm's result lands in the output header."""
+    return [
+        (0, eth(0x1234, bytes.fromhex("01020304050678") + b"tail")),
+        (0, eth(0x1234, bytes.fromhex("ffffffffffffff"), src="02:11:22:33:44:55")),
+    ]
+
+
+# ---------------------------------------------------------------- direct_res
+
+
+def classify_entry(sch: P4Schema, ethertype: int, action: str, **params: int) -> p4r.Entity:
+    """I.classify's entry for `ethertype`."""
+    return table_entry(sch, "I.classify", action, {"hdr.ethernet.etherType": ethertype}, params)
+
+
+async def direct_setup(c: Client, sch: P4Schema) -> None:
+    metered = classify_entry(sch, 0x0800, "I.fwd", port=1)
+    metered.table_entry.meter_config.CopyFrom(p4r.MeterConfig(cir=1, cburst=1200, pir=1, pburst=2500))
+    await c.write(
+        update(p4r.Update.INSERT, metered),
+        update(p4r.Update.INSERT, classify_entry(sch, 0x0806, "I.fwd", port=2)),
+    )
+
+
+def direct_frames() -> list[tuple[int, bytes]]:
+    """Three 1014-byte frames through the metered entry (green, yellow, red), an unmetered hit, a miss."""
+    big = eth(0x0800, b"m" * 1000)
+    return [(0, big), (0, big), (0, big), (0, eth(0x0806, b"a" * 50)), (0, eth(0x1234, b"z" * 50))]
+
+
+async def direct_state(c: Client, sch: P4Schema) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for ethertype in (0x0800, 0x0806):
+        te = classify_entry(sch, ethertype, "I.fwd", port=1).table_entry
+        te.ClearField("action")
+        req = p4r.Entity(direct_counter_entry=p4r.DirectCounterEntry(table_entry=te))
+        [ent] = await c.read(req)
+        data = ent.direct_counter_entry.data
+        out[f"counter 0x{ethertype:04x}"] = (data.packet_count, data.byte_count)
+        req = p4r.Entity(direct_meter_entry=p4r.DirectMeterEntry(table_entry=te))
+        [ent] = await c.read(req)
+        cfg = ent.direct_meter_entry.config
+        out[f"meter 0x{ethertype:04x}"] = (cfg.cir, cfg.cburst, cfg.pir, cfg.pburst)
+    return out
+
+
+# ---------------------------------------------------------------- registers_exit
+
+
+def stat(before: int = 0, marks: int = 0) -> bytes:
+    """registers_exit.p4's stat header."""
+    return struct.pack("!IB", before, marks)
+
+
+def register_frames() -> list[tuple[int, bytes]]:
+    """Plain, exit in ingress, mark_to_drop in egress, exit in egress, another port's register cell."""
+    return [
+        (0, eth(0x9000, stat() + b"x")),
+        (0, eth(0x0001, stat(marks=0x10) + b"x")),
+        (0, eth(0x0002, stat() + b"x")),
+        (0, eth(0x0003, stat() + b"x")),
+        (1, eth(0x9000, stat() + b"y")),
+        (2, eth(0x9000, stat(marks=0x40) + b"z")),
+    ]
+
+
+def register_entity(sch: P4Schema, index: int | None = None, value: int | None = None) -> p4r.Entity:
+    """A RegisterEntry of I.seen (all cells without an index)."""
+    rid = next(r.preamble.id for r in sch.p4info.registers if r.preamble.name == "I.seen")
+    entry = p4r.RegisterEntry(register_id=rid)
+    if index is not None:
+        entry.index.index = index
+    if value is not None:
+        entry.data.bitstring = value.to_bytes(4, "big")
+    return p4r.Entity(register_entry=entry)
+
+
+# ---------------------------------------------------------------- replication
+
+
+def pre_update(kind: int, group: int = 0, session: int = 0, replicas: tuple[tuple[int, int], ...] = ()) -> p4r.Update:
+    """A multicast group (group) or clone session (session) with (egress port, instance) replicas."""
+    pre = p4r.PacketReplicationEngineEntry()
+    entry = pre.multicast_group_entry if group else pre.clone_session_entry
+    if group:
+        pre.multicast_group_entry.multicast_group_id = group
+    else:
+        pre.clone_session_entry.session_id = session
+    for port, rid in replicas:
+        entry.replicas.add(egress_port=port, instance=rid)
+    return update(kind, p4r.Entity(packet_replication_engine_entry=pre))
+
+
+async def replication_setup(c: Client, sch: P4Schema) -> None:
+    key = "hdr.ethernet.etherType"
+    await c.write(
+        ins(sch, "I.fwd", "I.to_port", {key: 0x0001}, port=1),
+        ins(sch, "I.fwd", "I.flood", {key: 0x0002}, group=5),
+        ins(sch, "I.fwd", "I.mirror", {key: 0x0003}, port=1, session=4),
+        ins(sch, "I.fwd", "I.again", {key: 0x0004}, port=1),
+        ins(sch, "I.fwd", "I.to_port", {key: 0x0E2E}, port=2),
+        ins(sch, "I.fwd", "I.to_port", {key: 0x0ECC}, port=1),
+        pre_update(p4r.Update.INSERT, group=5, replicas=((1, 1), (2, 1), (3, 2))),
+        pre_update(p4r.Update.INSERT, session=4, replicas=((2, 3),)),
+        pre_update(p4r.Update.INSERT, session=7, replicas=((3, 9),)),
+    )
+
+
+def replication_frames() -> list[tuple[int, bytes]]:
+    """Unicast, multicast, I2E clone, resubmit twice, E2E clone, recirculate, drop."""
+    return [(0, eth(t, b"r" * 10)) for t in (0x0001, 0x0002, 0x0003, 0x0004, 0x0E2E, 0x0ECC, 0x0005)]
+
+
+async def replication_state(c: Client, sch: P4Schema) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for req in (pre_update(0, group=5).entity, pre_update(0, session=4).entity):
+        [ent] = await c.read(req)
+        pre = ent.packet_replication_engine_entry
+        entry = pre.multicast_group_entry if pre.HasField("multicast_group_entry") else pre.clone_session_entry
+        out[pre.WhichOneof("type")] = sorted(
+            (r.egress_port or int.from_bytes(r.port, "big"), r.instance) for r in entry.replicas
+        )
+    return out
+
+
+CASES: dict[str, Case] = {
+    case.name: case
+    for case in (
+        Case("ipv4_csum", ipv4_frames(), setup=ipv4_setup),
+        Case("header_stack", stack_frames(), setup=stack_setup),
+        Case("lookahead_vset", lookahead_frames(), extra_setup=vset_extra),
+        Case("hashes", hashes_frames()),
+        Case("direct_res", direct_frames(), setup=direct_setup, state=direct_state),
+        Case("registers_exit", register_frames()),
+        Case("replication", replication_frames(), setup=replication_setup, state=replication_state),
+    )
+}

@@ -1,0 +1,334 @@
+"""The corpus programs on the embedded target, against expectations written by hand from bmv2's semantics.
+
+Each program is set through P4Runtime, programmed with the entries of its case (corpus_cases.py),
+and fed its frames through Device.process; outputs, counters, meters, registers and value sets
+are checked against what simple_switch would do (the bmv2 source named in each comment).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from finsy.proto import p4r
+from scapy.layers.inet import IP
+from scapy.layers.l2 import Ether
+
+from corpus_cases import (
+    CASES,
+    CORPUS,
+    classify_entry,
+    eth,
+    info,
+    mpls,
+    pipeline,
+    register_entity,
+    schema,
+    stat,
+    vset_update,
+)
+from p4rt_helpers import Client, connect, detail_codes, update
+from p4sim.errors import UnsupportedConstruct
+from p4sim.program import Program
+from p4sim.server import Device
+
+InProcess = tuple[Device, grpc.aio.Channel]
+
+
+async def programmed(target: InProcess, name: str) -> tuple[Device, Client]:
+    """The in-process target with corpus program `name` set and its case's entries written."""
+    device, channel = target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    await c.set_pipeline(pipeline(name))
+    case, sch = CASES[name], schema(name)
+    await case.setup(c, sch)
+    await case.extra_setup(c, sch)
+    return device, c
+
+
+def run(device: Device, name: str) -> list[list[tuple[int, bytes]]]:
+    """Every frame of the case through the device, in order."""
+    return [device.process(port, frame) for port, frame in CASES[name].frames]
+
+
+def crc16_arc(data: bytes) -> int:
+    """CRC-16/ARC bit by bit (bmv2's crc16: poly 0x8005, reflected, init 0); check value 0xBB3D."""
+    crc = 0
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0xA001 if crc & 1 else crc >> 1
+    return crc
+
+
+def test_crc16_reference() -> None:
+    assert crc16_arc(b"123456789") == 0xBB3D
+
+
+async def test_ipv4_checksums_and_routing(in_process_target: InProcess) -> None:
+    device, _ = await programmed(in_process_target, "ipv4_csum")
+    out = run(device, "ipv4_csum")
+    frames = CASES["ipv4_csum"].frames
+
+    def routed(frame: bytes, dmac: str, fix_checksum: bool) -> bytes:
+        pkt = Ether(frame)
+        pkt.src, pkt.dst = pkt.dst, dmac
+        pkt[IP].ttl -= 1
+        if fix_checksum:
+            del pkt[IP].chksum
+        return bytes(pkt)
+
+    assert out[0] == [(2, routed(frames[0][1], "02:00:00:00:00:0c", True))]
+    assert out[1] == []  # verify_checksum failed: checksum_error = 1, the program drops
+    assert out[2] == []  # TTL 1
+    assert out[3] == []  # no route: the default action drops
+    assert out[4] == []  # not IPv4
+    # ihl = 6: neither verify nor update runs (their condition is false), so the TTL changes and the
+    # checksum does not (bmv2 computes checksums only where the program says).
+    assert out[5] == [(2, routed(frames[5][1], "02:00:00:00:00:0c", False))]
+    assert out[6] == [(3, routed(frames[6][1], "02:00:00:00:00:0d", True))]
+
+
+async def test_header_stack_push_pop_and_indexes(in_process_target: InProcess) -> None:
+    device, _ = await programmed(in_process_target, "header_stack")
+    out = run(device, "header_stack")
+    tail = b"payload!"
+    # pop_front(1): the stack shifts up, the freed last element becomes invalid and is not emitted.
+    assert out[0] == [(1, eth(0x8847, mpls(7, 1, 20) + info(depth=2, last_ttl=20) + tail))]
+    # push_front(1) then setValid: the new element 0 is invalid after the push, so setValid zeroes it
+    # (bmv2's add_header resets an invalid header) and tc reads 0.
+    assert out[1] == [(1, eth(0x8847, mpls(300, 0, 64) + mpls(200, 1, 5, tc=3) + info(1, 5) + tail))]
+    full = mpls(401, 0, 8, tc=5) + mpls(1, 0, 8) + mpls(2, 1, 7)  # tc: label == 401 ? 5 : 1
+    assert out[2] == [(1, eth(0x8847, full + info(3, 7) + tail))]
+    # A fourth label overflows the stack: StackOutOfBounds; parsing stops before it, so the rest of
+    # the frame (the fourth label onwards) is payload; info is not valid.
+    rest = mpls(6, 1, 4) + info() + tail
+    assert out[3] == [(2, eth(0x8847, mpls(9, 0, 1) + mpls(8, 0, 2) + mpls(7, 0, 3) + rest))]
+    # pick: hdr.mpls[meta.idx] with a runtime index (info.picked's low bits: 1), read and written.
+    stack = mpls(500, 0, 1) + mpls(600, 0, 2, tc=7) + mpls(700, 1, 3)
+    assert out[4] == [(1, eth(0x8847, stack + info(3, 3, picked=600) + tail))]
+    assert out[5] == [(1, eth(0x0800, tail))]
+    assert out[6] == [(1, eth(0x8847, info(1, 3) + tail))]  # popped to empty
+    # push_front on a full stack: everything shifts down one and the last element falls off.
+    assert out[7] == [(1, eth(0x8847, mpls(300, 0, 64) + mpls(200, 0, 4) + mpls(1, 0, 5) + info(3, 6) + tail))]
+
+
+async def test_lookahead_and_value_set(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "lookahead_vset")
+    out = run(device, "lookahead_vset")
+    frames = CASES["lookahead_vset"].frames
+
+    def res(path: int, peek: int, kind: int) -> bytes:
+        return struct.pack("!BHB", path, peek, kind)
+
+    assert out[0] == [(1, eth(0x88B5, res(1, 0x0309, 3) + b"\x03\x09rest"))]  # member: the tag is parsed
+    assert out[1] == [(1, frames[1][1][:14] + res(4, 0x4500, 0xFF) + frames[1][1][14:])]
+    assert out[2] == [(1, frames[2][1][:14] + res(6, 0x6000, 0xFF) + frames[2][1][14:])]
+    assert out[3] == [(1, eth(0x1234, res(0, 0x1234, 0xFF) + b"\x12\x34\x56"))]
+    # One byte after ethernet: lookahead<bit<16>> raises PacketTooShort (bmv2 checks the bytes it
+    # peeks), the packet goes on with parser_error set and the byte as payload.
+    assert out[4] == [(1, eth(0x9999, res(0, 0, 0xFF) + b"\x07"))]
+    # The members read back as written; an empty write removes them all.
+    [ent] = await c.read(p4r.Entity(value_set_entry=p4r.ValueSetEntry()))
+    assert sorted(m.match[0].exact.value for m in ent.value_set_entry.members) == [b"\x88\xb5", b"\x99\x99"]
+    sch = schema("lookahead_vset")
+    await c.write(vset_update(sch, []))
+    assert device.process(0, frames[0][1]) == [(1, eth(0x88B5, res(0, 0x0309, 0xFF) + b"\x03\x09rest"))]
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # more members than the value set's size
+        await c.write(vset_update(sch, list(range(5))))
+    assert detail_codes(err.value) == [grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]]
+
+
+async def test_hash_algorithms(in_process_target: InProcess) -> None:
+    device, _ = await programmed(in_process_target, "hashes")
+    out = run(device, "hashes")
+    for (_, frame), got in zip(CASES["hashes"].frames, out, strict=True):
+        src, a_b, cd = frame[6:12], frame[14:20], frame[20]
+        words = [int.from_bytes(a_b[k : k + 2], "big") for k in range(0, 6, 2)]
+        s = sum(words)
+        while s >> 16:
+            s = (s & 0xFFFF) + (s >> 16)
+        xor = words[0] ^ words[1] ^ words[2]
+        # 12 bits of input ({c, b[7:0]}) are packed and padded with 4 zero bits at the tail.
+        odd_input = (((cd >> 4) << 8 | a_b[5]) << 4).to_bytes(2, "big")
+        res = struct.pack(
+            "!HIHIHHHIQHB",
+            crc16_arc(a_b),
+            zlib.crc32(a_b),
+            crc16_arc(a_b),  # crc16_custom starts with crc16's parameters
+            zlib.crc32(a_b),  # crc32_custom likewise
+            int.from_bytes(a_b[4:6], "big"),  # identity
+            ~s & 0xFFFF,
+            xor,
+            100 + zlib.crc32(a_b + bytes([cd])) % 1000,
+            int.from_bytes(src + a_b[4:6], "big") % (2**64 - 1),  # identity keeps the first 8 of 9 bytes
+            crc16_arc(a_b),  # update_checksum with HashAlgorithm.crc16
+            crc16_arc(odd_input) % 256,
+        )
+        assert got == [(1, frame[:21] + res + frame[21:])]
+
+
+async def test_direct_counter_and_meter(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "direct_res")
+    out = run(device, "direct_res")
+    big = CASES["direct_res"].frames[0][1]
+
+    def colored(frame: bytes, color: int) -> bytes:
+        return frame[:6] + bytes([color]) + frame[7:]
+
+    # cburst 1200, pburst 2500 at 1 byte/s: 1014 bytes green, then yellow (CIR bucket short), then red.
+    assert out[0] == [(1, colored(big, 0))]
+    assert out[1] == [(1, colored(big, 1))]
+    assert out[2] == []  # red: the program drops
+    assert out[3] == [(2, colored(CASES["direct_res"].frames[3][1], 0))]  # no meter config: green
+    assert out[4] == []  # miss: the default action drops; the meter is not executed, nothing counted
+    state = await CASES["direct_res"].state(c, schema("direct_res"))
+    assert state == {
+        "counter 0x0800": (3, 3 * 1014),  # a hit counts whatever the colour
+        "meter 0x0800": (1, 1200, 1, 2500),
+        "counter 0x0806": (1, 64),
+        "meter 0x0806": (0, 0, 0, 0),
+    }
+    sch = schema("direct_res")
+    te = classify_entry(sch, 0x0806, "I.fwd", port=2).table_entry
+    te.ClearField("action")
+    dc = p4r.DirectCounterEntry(table_entry=te, data=p4r.CounterData(packet_count=10, byte_count=1000))
+    await c.write(update(p4r.Update.MODIFY, p4r.Entity(direct_counter_entry=dc)))
+    device.process(0, CASES["direct_res"].frames[3][1])
+    state = await CASES["direct_res"].state(c, sch)
+    assert state["counter 0x0806"] == (11, 1064)
+    read = p4r.TableEntry(table_id=te.table_id)
+    read.counter_data.SetInParent()
+    entries = await c.read(p4r.Entity(table_entry=read))
+    assert sorted(e.table_entry.counter_data.packet_count for e in entries) == [3, 11]
+
+
+async def test_registers_and_exit_and_egress_drop(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "registers_exit")
+    out = run(device, "registers_exit")
+    frames = CASES["registers_exit"].frames
+    assert out[0] == [(1, eth(0x9000, stat(0, 0x0F) + b"x"))]  # 1|2 in ingress, 4|8 in egress
+    # exit in ingress skips the rest of ingress only; egress runs.
+    assert out[1] == [(1, eth(0x0001, stat(1, 0x1D) + b"x"))]
+    assert out[2] == []  # mark_to_drop in egress: simple_switch drops when egress_spec is 511 after egress
+    assert out[3] == [(1, eth(0x0003, stat(19, 0x07) + b"x"))]  # exit in egress skips the last mark
+    assert out[4] == [(1, eth(0x9000, stat(0, 0x0F) + b"y"))]
+    assert out[5] == [(1, eth(0x9000, stat(0, 0x4F) + b"z"))]
+    sch = schema("registers_exit")
+    cells = await c.read(register_entity(sch))
+    assert [int.from_bytes(e.register_entry.data.bitstring, "big") for e in cells] == [20, 1, 0x41, 0]
+    await c.write(update(p4r.Update.MODIFY, register_entity(sch, 2, 77)))
+    [cell] = await c.read(register_entity(sch, 2))
+    assert cell.register_entry.data.bitstring == bytes([77])
+    assert device.process(2, frames[5][1]) == [(1, eth(0x9000, stat(77, 0x4F) + b"z"))]
+
+
+async def test_multicast_clone_resubmit_recirculate(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "replication")
+    out = run(device, "replication")
+
+    def frame(ethertype: int, itype: int, rid: int, port: int, passes: int, dst: bytes = b"\0\0") -> bytes:
+        # egress stamps instance_type, egress_rid, egress_port and the preserved passes into srcAddr;
+        # ingress writes the (unpreserved) scratch byte and its instance_type into dstAddr's first bytes.
+        src = struct.pack("!BHHB", itype, rid, port, passes)
+        return dst + bytes.fromhex("0000000b") + src + struct.pack("!H", ethertype) + b"r" * 10
+
+    assert out[0] == [(1, frame(0x0001, 0, 0, 1, 0))]
+    # Multicast group 5: one copy per replica, instance_type REPLICATION (5), egress_rid the instance.
+    assert sorted(out[1]) == [
+        (1, frame(0x0002, 5, 1, 1, 0)),
+        (2, frame(0x0002, 5, 1, 2, 0)),
+        (3, frame(0x0002, 5, 2, 3, 0)),
+    ]
+    # I2E clone to session 4: the clone is parsed again from the received frame (so ingress's write to
+    # dstAddr is not in it), instance_type INGRESS_CLONE (1), egress_rid the replica's instance.
+    assert sorted(out[2]) == [(1, frame(0x0003, 0, 0, 1, 0)), (2, frame(0x0003, 1, 3, 2, 0, dst=b"\x02\0"))]
+    # Resubmitted twice with `passes` preserved; the third pass (instance_type RESUBMIT, 6, in ingress)
+    # goes to port 3, and leaves ingress unicast, so egress sees instance_type NORMAL (simple_switch).
+    assert out[3] == [(3, frame(0x0004, 0, 0, 3, 2, dst=b"\0\x06"))]
+    # E2E clone to session 7: a copy of the packet as egress left it, metadata reset but for the field list.
+    assert sorted(out[4]) == [(2, frame(0x0E2E, 0, 0, 2, 0)), (3, frame(0x0E2E, 2, 9, 3, 0))]
+    # Recirculated with passes = 9: ingress (instance_type RECIRC, 4) sends it to port 3.
+    assert out[5] == [(3, frame(0x0ECC, 0, 0, 3, 9, dst=b"\0\x04"))]
+    assert out[6] == []
+    state = await CASES["replication"].state(c, schema("replication"))
+    assert state == {"multicast_group_entry": [(1, 1), (2, 1), (3, 2)], "clone_session_entry": [(2, 3)]}
+
+
+async def test_unsupported_construct_is_refused_at_set_pipeline(in_process_target: InProcess) -> None:
+    _, channel = in_process_target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.set_pipeline(pipeline("unsupported_digest"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "learn_lists" in (err.value.details() or "")
+    cfg = pipeline("ipv4_csum")
+    cfg.p4info.controller_packet_metadata.add().preamble.name = "packet_in"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.set_pipeline(cfg)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "packet-in/out" in (err.value.details() or "")
+
+
+def _doc(name: str) -> dict[str, Any]:
+    return json.loads((CORPUS / f"{name}.json").read_text())  # type: ignore[no-any-return]
+
+
+def _with_union(doc: dict[str, Any]) -> None:
+    doc["header_unions"] = [{"name": "u", "id": 0, "union_type": "u_t", "header_ids": [2]}]
+
+
+def _with_profile(doc: dict[str, Any]) -> None:
+    doc["pipelines"][0]["action_profiles"] = [{"name": "ap", "id": 0, "max_size": 4}]
+
+
+def _with_timeout(doc: dict[str, Any]) -> None:
+    doc["pipelines"][0]["tables"][0]["support_timeout"] = True
+
+
+def _with_varbit(doc: dict[str, Any]) -> None:
+    doc["header_types"][2]["fields"].append(["opts", "*"])
+
+
+def _with_random_hash(doc: dict[str, Any]) -> None:
+    doc["calculations"][0]["algo"] = "round_robin"
+
+
+def _with_advance(doc: dict[str, Any]) -> None:
+    doc["parsers"][0]["parse_states"][0]["parser_ops"].append({"op": "advance", "parameters": []})
+
+
+def _with_runtime_data_index(doc: dict[str, Any]) -> None:
+    # What p4c 1.2.4 emits for hdr.mpls[i] with i an action parameter; simple_switch cannot load it.
+    pick = next(a for a in doc["actions"] if a["name"] == "I.pick")
+    deref = pick["primitives"][1]["parameters"][0]["value"]["value"]["left"]["value"]
+    assert deref["op"] == "dereference_header_stack"
+    deref["right"] = {"type": "runtime_data", "value": 0}
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate", "construct"),
+    [
+        ("ipv4_csum", _with_union, "header_unions"),
+        ("ipv4_csum", _with_profile, "action_profiles"),
+        ("ipv4_csum", _with_timeout, "idle timeout"),
+        ("ipv4_csum", _with_varbit, "variable-length"),
+        ("hashes", _with_random_hash, "hash algorithm round_robin"),
+        ("ipv4_csum", _with_advance, "parser op advance"),
+        ("header_stack", _with_runtime_data_index, "runtime_data inside an expression"),
+    ],
+)
+def test_unimplemented_json_constructs_are_named(
+    name: str, mutate: Callable[[dict[str, Any]], None], construct: str
+) -> None:
+    doc = _doc(name)
+    mutate(doc)
+    with pytest.raises(UnsupportedConstruct, match=construct):
+        Program(doc)

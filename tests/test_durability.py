@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from conftest import free_port, stop, wait_port
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.store import read_audit
 
@@ -23,7 +24,7 @@ def _serve(db: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(db.parent / "serve.log").open("ab"),
     )
     wait_port(port, proc)
     return proc
@@ -54,7 +55,11 @@ async def test_kill_9_loses_no_acknowledged_write(tmp_path: Path) -> None:
     proc = _serve(db, port)
     try:
         async with LimiterClient(f"127.0.0.1:{port}") as c:
-            rate = (await c.get_pod_cap("a")).cap.egress_bps
+            # gRPC shares subchannels across a process's channels: the one that saw the old server die
+            # may report "connection refused" until its reconnect backoff ends.
+            rate = (
+                await c.stub.GetPodCap(pb.GetPodCapRequest(pod="a"), wait_for_ready=True, timeout=30)
+            ).cap.egress_bps
         # The last acknowledged write is there; at most the one in flight when the process died went further.
         assert rate in (1e6 + last, 1e6 + last + 1)
         caps = [r for r in read_audit(db) if r.action == "set-cap"]

@@ -18,11 +18,13 @@ and link loss.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import ipaddress
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from p4sim.clock import VirtualClock
 
@@ -42,24 +44,27 @@ class Engine:
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
         self.now_ns = 0
-        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        # (time, sequence, function, argument): the argument saves making a closure per frame.
+        self._heap: list[tuple[int, int, Callable[[Any], None], Any]] = []
         self._seq = 0
         self.events = 0
 
-    def at(self, t_ns: int, fn: Callable[[], None]) -> None:
-        """Run `fn` at time `t_ns` (not before now)."""
+    def at(self, t_ns: int, fn: Callable[[Any], None], arg: Any = None) -> None:
+        """Run `fn(arg)` at time `t_ns` (not before now)."""
         self._seq += 1
-        heapq.heappush(self._heap, (max(t_ns, self.now_ns), self._seq, fn))
+        heapq.heappush(self._heap, (max(t_ns, self.now_ns), self._seq, fn, arg))
 
     def run(self, until_ns: int) -> None:
         """Process events up to `until_ns`."""
-        heap, clock = self._heap, self.clock
+        heap, clock, pop = self._heap, self.clock, heapq.heappop
+        n = 0
         while heap and heap[0][0] <= until_ns:
-            t, _, fn = heapq.heappop(heap)
+            t, _, fn, arg = pop(heap)
             self.now_ns = t
             clock.us = t // 1000
-            fn()
-            self.events += 1
+            fn(arg)
+            n += 1
+        self.events += n
         self.now_ns = max(self.now_ns, until_ns)
         clock.us = self.now_ns // 1000
 
@@ -80,7 +85,7 @@ class Link:
         start = max(self.engine.now_ns, self.free_at)
         self.free_at = start + int(len(frame) * 8 * NS / self.rate_bps)
         self.bytes_sent += len(frame)
-        self.engine.at(self.free_at + self.delay_ns, lambda: self.deliver(frame))
+        self.engine.at(self.free_at + self.delay_ns, self.deliver, frame)
 
 
 Processor = Callable[[int, bytes], list[tuple[int, bytes]]]
@@ -107,6 +112,11 @@ def udp_frame(src: str, dst: str, dport: int, payload: int) -> bytes:
     return eth + ip + udp + bytes(payload)
 
 
+@functools.lru_cache(maxsize=4096)
+def _source(packed: bytes) -> str:
+    return str(ipaddress.IPv4Address(packed))
+
+
 @dataclass
 class Receiver:
     """A host's receive side: wire bytes per source in 1 ms bins, datagrams per destination port."""
@@ -117,7 +127,7 @@ class Receiver:
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
-        src = str(ipaddress.IPv4Address(frame[26:30])) if frame[12:14] == b"\x08\x00" else "non-ipv4"
+        src = _source(frame[26:30]) if frame[12:14] == b"\x08\x00" else "non-ipv4"
         tl = self.bins.get(src)
         if tl is None:
             tl = self.bins[src] = Timeline(0.001)
@@ -250,7 +260,7 @@ class UdpSource:
         """Schedule the first frame."""
         self.net.engine.at(self.start_ns, self._send)
 
-    def _send(self) -> None:
+    def _send(self, _: object = None) -> None:
         now = self.net.engine.now_ns
         if now >= self.end_ns:
             return

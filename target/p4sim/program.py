@@ -340,83 +340,78 @@ class Program:
         return layout
 
     def expr(self, node: Any, where: str) -> Expr:
-        """Compile an expression node into a closure returning an int (booleans as 0/1)."""
+        """Compile an expression node into one Python function returning an int (booleans as 0/1).
+
+        The whole expression tree becomes the source of a single lambda, so evaluating it costs one
+        call rather than one closure call per node; what cannot be written inline (stack lookups)
+        is a closure the source calls by name.
+        """
+        env: dict[str, Any] = {"_div": _div, "_mod": _mod}
+        code = self._src(node, where, env)
+        return eval(f"lambda p, ad: {code}", env)  # type: ignore[no-any-return]  # our own source
+
+    def _src(self, node: Any, where: str, env: dict[str, Any]) -> str:
         if not isinstance(node, dict) or "type" not in node:
             raise ProgramError(f"bmv2 JSON: malformed expression {node!r} in {where}")
         kind: str = node["type"]
         value: Any = node.get("value")
         if kind == "field":
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
-                h = self._header(value[0], where).index
-                return lambda p, ad: 1 if p.v[h] else 0
-            i = self._field(value, where)
-            return lambda p, ad: p.f[i]
+                return f"(1 if p.v[{self._header(value[0], where).index}] else 0)"
+            return f"p.f[{self._field(value, where)}]"
         if kind == "hexstr":
-            c = int(value, 16)
-            return lambda p, ad: c
+            return repr(int(value, 16))
         if kind == "bool":
-            b = 1 if value else 0
-            return lambda p, ad: b
+            return "1" if value else "0"
         if kind in ("runtime_data", "local"):  # "local": an action parameter inside an expression
-            k = int(value)
-            return lambda p, ad: ad[k]
+            return f"ad[{int(value)}]"
         if kind == "header":
-            h = self._header(value, where).index
-            return lambda p, ad: 1 if p.v[h] else 0
+            return f"(1 if p.v[{self._header(value, where).index}] else 0)"
         if kind == "stack_field":
             loc, _ = self._stack_field_loc(value, where)
-            return lambda p, ad: p.f[loc(p, ad)]
+            return f"p.f[{_bind(env, loc)}(p, ad)]"
         if kind == "expression":
             # p4c sometimes wraps an expression node in another one.
             if isinstance(value, dict) and "op" not in value:
-                return self.expr(value, where)
-            return self._op(value, where)
+                return self._src(value, where, env)
+            return self._op_src(value, where, env)
         raise UnsupportedConstruct(f"expression type {kind}", where)
 
-    def _op(self, node: dict[str, Any], where: str) -> Expr:
+    def _op_src(self, node: dict[str, Any], where: str, env: dict[str, Any]) -> str:
         op = node.get("op")
         left_node, right_node = node.get("left"), node.get("right")
         _no_nested_runtime_data((left_node, right_node, node.get("cond")), where)
+
+        def sub(n: Any) -> str:
+            return self._src(n, where, env)
+
         if op in ("?", "?:"):  # bmv2 JSON's conditional operator is "?"
-            c = self.expr(node["cond"], where)
-            a = self.expr(left_node, where)
-            b = self.expr(right_node, where)
-            return lambda p, ad: a(p, ad) if c(p, ad) else b(p, ad)
+            return f"({sub(left_node)} if {sub(node['cond'])} else {sub(right_node)})"
         if op == "valid":
-            return self.expr(right_node, where)
+            return sub(right_node)
         if op == "access_field":
             const, dyn, _ = self.lvalue({"type": "expression", "value": node}, where)
-            if dyn is None:
-                return lambda p, ad: p.f[const]
-            return lambda p, ad: p.f[dyn(p, ad)]
+            return f"p.f[{const}]" if dyn is None else f"p.f[{_bind(env, dyn)}(p, ad)]"
         if op in ("last_stack_index", "size"):
             k = self._stack(right_node.get("value") if isinstance(right_node, dict) else None, where).index
-            if op == "size":  # bmv2's SIZE_STACK is the stack's count (its next index), not its depth
-                return lambda p, ad: p.stk[k]
-            return lambda p, ad: p.stk[k] - 1
+            # bmv2's SIZE_STACK is the stack's count (its next index), not its depth
+            return f"p.stk[{k}]" if op == "size" else f"(p.stk[{k}] - 1)"
         if op in ("d2b", "b2d"):
-            r = self.expr(right_node, where)
-            return lambda p, ad: 1 if r(p, ad) else 0
+            return f"(1 if {sub(right_node)} else 0)"
         if op == "not":
-            r = self.expr(right_node, where)
-            return lambda p, ad: 0 if r(p, ad) else 1
+            return f"(0 if {sub(right_node)} else 1)"
         if op == "~" and left_node is None:
-            r = self.expr(right_node, where)
-            return lambda p, ad: ~r(p, ad)
+            return f"(~{sub(right_node)})"
         if op == "-" and left_node is None:
-            r = self.expr(right_node, where)
-            return lambda p, ad: -r(p, ad)
+            return f"(-{sub(right_node)})"
         if op == "two_comp_mod":
-            a = self.expr(left_node, where)
-            width = int(self.expr(right_node, where)(None, []))  # type: ignore[arg-type]
+            width = int(eval(sub(right_node), {}))  # a constant in our own source
             mask, sign = (1 << width) - 1, 1 << (width - 1)
-            return lambda p, ad: ((a(p, ad) & mask) ^ sign) - sign
-        binary = _BINARY.get(op or "")
-        if binary is None:
+            return f"((({sub(left_node)} & {mask}) ^ {sign}) - {sign})"
+        template = _BINARY.get(op or "")
+        if template is None:
             raise UnsupportedConstruct(f"operator {op}", where)
-        a = self.expr(left_node, where)
-        b = self.expr(right_node, where)
-        return binary(a, b)
+        return template.format(a=sub(left_node), b=sub(right_node))
 
     # ---------------------------------------------------------------- header stacks
 
@@ -1535,32 +1530,41 @@ def _update_stmt(compute: Callable[[Packet], int], target: int, mask: int, cond:
     return update
 
 
-def _bin(fn: Callable[[int, int], int]) -> Callable[[Expr, Expr], Expr]:
-    def make(a: Expr, b: Expr) -> Expr:
-        return lambda p, ad: fn(a(p, ad), b(p, ad))
-
-    return make
+def _div(x: int, y: int) -> int:
+    return x // y if y else 0
 
 
-_BINARY: dict[str, Callable[[Expr, Expr], Expr]] = {
-    "+": _bin(lambda x, y: x + y),
-    "-": _bin(lambda x, y: x - y),
-    "*": _bin(lambda x, y: x * y),
-    "/": _bin(lambda x, y: x // y if y else 0),
-    "%": _bin(lambda x, y: x % y if y else 0),
-    "<<": _bin(lambda x, y: x << y),
-    ">>": _bin(lambda x, y: x >> y),
-    "&": _bin(lambda x, y: x & y),
-    "|": _bin(lambda x, y: x | y),
-    "^": _bin(lambda x, y: x ^ y),
-    "==": _bin(lambda x, y: int(x == y)),
-    "!=": _bin(lambda x, y: int(x != y)),
-    ">": _bin(lambda x, y: int(x > y)),
-    ">=": _bin(lambda x, y: int(x >= y)),
-    "<": _bin(lambda x, y: int(x < y)),
-    "<=": _bin(lambda x, y: int(x <= y)),
-    "and": _bin(lambda x, y: int(bool(x) and bool(y))),
-    "or": _bin(lambda x, y: int(bool(x) or bool(y))),
+def _mod(x: int, y: int) -> int:
+    return x % y if y else 0
+
+
+def _bind(env: dict[str, Any], value: Any) -> str:
+    """Put a closure into generated code's namespace under a fresh name."""
+    name = f"_c{len(env)}"
+    env[name] = value
+    return name
+
+
+# Source templates of bmv2's binary operators (results are Python ints; comparisons give 0/1).
+_BINARY: dict[str, str] = {
+    "+": "({a} + {b})",
+    "-": "({a} - {b})",
+    "*": "({a} * {b})",
+    "/": "_div({a}, {b})",
+    "%": "_mod({a}, {b})",
+    "<<": "({a} << {b})",
+    ">>": "({a} >> {b})",
+    "&": "({a} & {b})",
+    "|": "({a} | {b})",
+    "^": "({a} ^ {b})",
+    "==": "(1 if {a} == {b} else 0)",
+    "!=": "(1 if {a} != {b} else 0)",
+    ">": "(1 if {a} > {b} else 0)",
+    ">=": "(1 if {a} >= {b} else 0)",
+    "<": "(1 if {a} < {b} else 0)",
+    "<=": "(1 if {a} <= {b} else 0)",
+    "and": "(1 if ({a}) and ({b}) else 0)",
+    "or": "(1 if ({a}) or ({b}) else 0)",
 }
 
 __all__ = ["DROP_PORT", "RED", "ActionDef", "Packet", "Program", "TableDef"]

@@ -99,3 +99,15 @@ def test_cli_virtual_time(scenario: Path, tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 2 and "embedded target only" in res.stderr
+
+
+def test_nvswitch_bypass_is_measured_as_inter_pod_traffic(tmp_path: Path) -> None:
+    sc = load_scenario(ROOT / "bmv2-lab" / "scenarios" / "nvswitch-bypass.yaml")
+    sc = sc.model_copy(update={"phases": [sc.phases[0].model_copy(update={"duration_s": 4.0})]})
+    r = VirtualLabRun(sc, tmp_path).run()
+    flows = {f.name: f for f in r.flows}
+    assert flows["a1-to-b1-over-nvswitch"].loss_ratio == 0.0  # no limiter on that path
+    assert flows["a2-to-b2-capped"].delivered_bps < 20e6 + 2_500_000 * 8 / 4 + 1
+    egress = next(x for x in r.results if (x.pod, x.direction) == ("a", "egress"))
+    assert not egress.compliant and not r.cap_held
+    assert egress.delivered_bps > 100e6  # effective inter-pod bandwidth: five times the cap

@@ -68,12 +68,30 @@ class PodSpec(_Model):
         return str(net.network_address + 1 + index)
 
 
+class ScaleUpLink(_Model):
+    """An NVSwitch-style scale-up path joining two hosts with no DPU (and no router) on it."""
+
+    a: str
+    b: str
+    rate: float = 400e9  # far above any cap (in the real lab, the veth runs as fast as the CPU allows)
+    known_to_verifier: bool = False
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> float:
+        try:
+            return parse_rate(v)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+
+
 class Topology(_Model):
-    """Pods behind limiting devices, joined by one router."""
+    """Pods behind limiting devices, joined by one router (and, to model a bypass, scale-up links)."""
 
     name: str
     pods: list[PodSpec] = Field(min_length=1, max_length=16)
     router: str = "r1"
+    scaleup_links: list[ScaleUpLink] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _unique(self) -> Topology:
@@ -88,7 +106,23 @@ class Topology(_Model):
             for b in nets[i + 1 :]:
                 if a.overlaps(b):
                     raise ValueError(f"pod subnets overlap: {a} and {b}")
+        for i, link in enumerate(self.scaleup_links):
+            for end in (link.a, link.b):
+                if end not in hosts:
+                    raise ValueError(f"scaleup_links[{i}]: unknown host {end!r}")
+            if link.a == link.b:
+                raise ValueError(f"scaleup_links[{i}]: a link needs two different hosts")
         return self
+
+    def scaleup_peer(self, host: str) -> dict[str, int]:
+        """Hosts joined to `host` by a scale-up link: {peer: link index}."""
+        out = {}
+        for i, link in enumerate(self.scaleup_links):
+            if link.a == host:
+                out[link.b] = i
+            elif link.b == host:
+                out[link.a] = i
+        return out
 
     def pod(self, name: str) -> PodSpec:
         """The pod named `name`."""

@@ -64,7 +64,7 @@ def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
 
 def evaluate(
     sc: Scenario,
-    captured: dict[str, Capture],
+    captured: list[tuple[str, Capture]],
     phases: list[Phase],
     flows: list[Flow],
     t_start: float,
@@ -72,13 +72,14 @@ def evaluate(
     target: Literal["embedded", "bmv2"],
     traffic: str,
 ) -> tuple[Report, PlotSeries]:
-    """Compliance per pod and direction from the receivers' captures, and the plot series."""
+    """Compliance per pod and direction from the receivers' captures (host, capture of one of its
+    interfaces), and the plot series."""
     topo = sc.topology
     addr_pod = {topo.address_of(h): topo.pod_of_host(h).name for p in topo.pods for h in p.hosts}
     # Receiver-side series per (pod, direction): egress of P = bytes from P arriving in other pods;
     # ingress of P = bytes arriving at P's hosts from other pods.
     parts: dict[tuple[str, str], list[tuple[float, float, list[int]]]] = {}
-    for host, capture in captured.items():
+    for host, capture in captured:
         dst_pod = topo.pod_of_host(host).name
         for src in capture.by_src:
             src_pod = addr_pod.get(src)

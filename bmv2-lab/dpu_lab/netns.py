@@ -136,6 +136,19 @@ class LabNetwork:
                 host_if = self._pair(f"{p}p{i}h", (pod_ns, "br0"))
                 up_if = self._pair(f"{p}p{i}u", (router, None), address=gateway)
                 self._limiter(f"dpu-{pod.name}", pod.name, "pod-uplink", host_if, up_if)
+        for k, link in enumerate(self.topology.scaleup_links):
+            self._scaleup(k, link.a, link.b)
+
+    def _scaleup(self, k: int, a: str, b: str) -> None:
+        """An NVSwitch-style path: a veth `nvsK` straight between two hosts, with /32 routes over it."""
+        ns_a, ns_b = self.host_ns[a], self.host_ns[b]
+        iface = f"nvs{k}"
+        self._pair(f"{self.prefix}s{k}", (ns_b, None), rename=iface, root_end_to=(ns_a, iface))
+        ip("link", "set", iface, "up", ns=ns_a)
+        _offloads_off(ns_a, [iface])
+        _offloads_off(ns_b, [iface])
+        ip("route", "add", f"{self.topology.address_of(b)}/32", "dev", iface, ns=ns_a)
+        ip("route", "add", f"{self.topology.address_of(a)}/32", "dev", iface, ns=ns_b)
 
     def _pair(
         self,

@@ -94,12 +94,12 @@ class LabRun:
             phases.append(Phase(phase.name, p_start - t_start, p_start - t_start + phase.duration_s))
             flow_results += results
         time.sleep(LINGER_S)  # late frames of the last phase
-        for c in captures:
+        for _, c in captures:
             c.popen.terminate()  # captures run until told to stop; SIGTERM makes them write their counts
-        for c in captures:
+        for _, c in captures:
             self._wait(c, timeout=15)
         duration = sum(ph.duration_s for ph in sc.phases)
-        captured = {host: load_capture(p.out) for host, p in zip(self.net.host_ns, captures, strict=True)}
+        captured = [(host, load_capture(p.out)) for host, p in captures]
         report, series = evaluate(sc, captured, phases, flow_results, t_start, duration, self.target, self.traffic)
         report.dpu_counters = asyncio.run(dpu_counters(self.api))
         write_report(self.out_dir, report, series)
@@ -157,19 +157,18 @@ class LabRun:
         self.procs.append(p)
         return p
 
-    def _start_captures(self) -> list[_Proc]:
+    def _start_captures(self) -> list[tuple[str, _Proc]]:
+        """A capture on every interface of every host (eth0, and scale-up links): all a host receives."""
         assert self.net is not None
         # Generous upper bound: the run stops them with SIGTERM once the last phase is over.
         total = 2 * sum(ph.duration_s + START_DELAY_S + 30 for ph in self.scenario.phases)
-        return [
-            self._spawn(
-                f"capture-{host}",
-                ns,
-                "dpu_lab.capture",
-                ["--iface", "eth0", "--duration", f"{total:.1f}", "--linger", str(LINGER_S)],
-            )
-            for host, ns in self.net.host_ns.items()
-        ]
+        topo = self.scenario.topology
+        out = []
+        for host, ns in self.net.host_ns.items():
+            for iface in ["eth0", *(f"nvs{i}" for i in topo.scaleup_peer(host).values())]:
+                args = ["--iface", iface, "--duration", f"{total:.1f}", "--linger", str(LINGER_S)]
+                out.append((host, self._spawn(f"capture-{host}-{iface}", ns, "dpu_lab.capture", args)))
+        return out
 
     def _wait(self, p: _Proc, timeout: float) -> None:
         try:

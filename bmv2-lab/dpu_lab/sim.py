@@ -170,9 +170,14 @@ class SimNetwork:
         self._switch_up: dict[str, Link] = {}  # a pod's way out: into its uplink limiter or the router
         self._router_down: dict[str, Link] = {}  # the router's way into a pod
         e, hb, ub = self.engine, self.host_link_bps, self.uplink_bps
+        # Scale-up links (NVSwitch paths): host to host, no limiter, no router.
+        self._scaleup: dict[tuple[str, str], Link] = {}
+        self.receivers.update({h: Receiver() for h in self._pod_of_host})
+        for su in topo.scaleup_links:
+            self._scaleup[(su.a, su.b)] = Link(e, su.rate, self._host_in(su.b))
+            self._scaleup[(su.b, su.a)] = Link(e, su.rate, self._host_in(su.a))
         for pod in topo.pods:
             for h in pod.hosts:
-                self.receivers[h] = Receiver()
                 to_host = Link(e, hb, self._host_in(h))
                 if pod.placement == "node":
                     name = f"dpu-{h}"
@@ -199,8 +204,10 @@ class SimNetwork:
         return next((name for net, mask, name in self._nets if addr & mask == net), None)
 
     def send_from(self, host: str, frame: bytes) -> None:
-        """A host puts a frame on its link."""
-        self._from_host[host].send(frame)
+        """A host puts a frame on its link, or on a scale-up link when that reaches the destination."""
+        dst = self._host_of.get(frame[30:34])
+        bypass = self._scaleup.get((host, dst)) if dst is not None else None
+        (bypass or self._from_host[host]).send(frame)
 
     def _switch_in(self, pod: str) -> Callable[[bytes], None]:
         def switch(frame: bytes) -> None:
@@ -238,9 +245,9 @@ class SimNetwork:
 
         return deliver
 
-    def captures(self) -> dict[str, Capture]:
+    def captures(self) -> list[tuple[str, Capture]]:
         """Each host's received bytes, in the form the real captures take."""
-        return {h: to_capture(h, 0.0, r.bins, 0, "virtual") for h, r in self.receivers.items()}
+        return [(h, to_capture(h, 0.0, r.bins, 0, "virtual")) for h, r in self.receivers.items()]
 
 
 @dataclass

@@ -80,3 +80,12 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
         load_scenario(_write(tmp_path, "a: [unclosed"))
     with pytest.raises(ConfigError, match="mapping"):
         load_scenario(_write(tmp_path, "- just a list"))
+
+
+def test_events_name_a_known_dpu_inside_the_phase(tmp_path: Path) -> None:
+    events = BASE.replace("rate: 10M}", "rate: 10M}\n    events:\n      - {at_s: 1, action: restart-dpu, dpu: dpu-a}")
+    assert load_scenario(_write(tmp_path, events)).phases[0].events[0].dpu == "dpu-a"
+    with pytest.raises(ConfigError, match="unknown DPU 'dpu-z'"):
+        load_scenario(_write(tmp_path, events.replace("dpu: dpu-a", "dpu: dpu-z")))
+    with pytest.raises(ConfigError, match="after the phase ends"):
+        load_scenario(_write(tmp_path, events.replace("at_s: 1", "at_s: 99")))

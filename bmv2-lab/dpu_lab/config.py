@@ -186,12 +186,22 @@ class FlowSpec(_Model):
         return self
 
 
+class EventSpec(_Model):
+    """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts."""
+
+    at_s: float = Field(ge=0)
+    action: Literal["restart-dpu"]  # the DPU's target process dies and comes back empty
+    dpu: str
+    down_s: float = Field(default=1.0, ge=0, le=600)  # how long it stays dead
+
+
 class PhaseSpec(_Model):
-    """A stretch of time with its own flows."""
+    """A stretch of time with its own flows (and events)."""
 
     name: str
     duration_s: float = Field(gt=0, le=3600)
     flows: list[FlowSpec] = Field(min_length=1)
+    events: list[EventSpec] = Field(default_factory=list)
 
 
 class Scenario(_Model):
@@ -210,7 +220,14 @@ class Scenario(_Model):
             if c.pod not in pods:
                 raise ValueError(f"caps[{i}].pod: unknown pod {c.pod!r} (pods: {sorted(pods)})")
         names = set()
+        limiters = {f"dpu-{p.name}" for p in self.topology.pods if p.placement == "pod-uplink"}
+        limiters |= {f"dpu-{h}" for p in self.topology.pods if p.placement == "node" for h in p.hosts}
         for pi, ph in enumerate(self.phases):
+            for ei, ev in enumerate(ph.events):
+                if ev.dpu not in limiters:
+                    raise ValueError(f"phases[{pi}].events[{ei}].dpu: unknown DPU {ev.dpu!r} ({sorted(limiters)})")
+                if ev.at_s > ph.duration_s:
+                    raise ValueError(f"phases[{pi}].events[{ei}].at_s: {ev.at_s} is after the phase ends")
             for fi, f in enumerate(ph.flows):
                 for end in ("src", "dst"):
                     if getattr(f, end) not in hosts:

@@ -111,6 +111,7 @@ class Report:
     # The DPUs' own counters at the end of the run (control plane's GetUsage): the limiter's view,
     # for comparison with the receiver-side figures above, which are what compliance is judged on.
     dpu_counters: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # faults injected during the run
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -137,6 +138,7 @@ class Report:
             traffic=str(data.get("traffic", "builtin")),
             time=str(data.get("time", "real")),
             dpu_counters=list(data.get("dpu_counters", [])),
+            events=list(data.get("events", [])),
         )
 
 

@@ -24,7 +24,7 @@ from rich.console import Console
 from dpu_limiter.client import LimiterClient
 
 from .capture import load_capture
-from .config import Scenario
+from .config import EventSpec, Scenario
 from .evaluate import configure, dpu_counters, evaluate
 from .netns import LabNetwork, check_prerequisites
 from .report import Flow, Phase, Report, write_report
@@ -56,6 +56,7 @@ class LabRun:
     procs: list[_Proc] = field(default_factory=list)
     control: subprocess.Popen[bytes] | None = None
     api: str = ""
+    events: list[dict[str, object]] = field(default_factory=list)
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -90,7 +91,7 @@ class LabRun:
         flow_results: list[Flow] = []
         port = BASE_PORT
         for phase in sc.phases:
-            p_start, results, port = self._run_phase(phase.name, phase.duration_s, phase.flows, port)
+            p_start, results, port = self._run_phase(phase.name, phase.duration_s, phase.flows, port, phase.events)
             phases.append(Phase(phase.name, p_start - t_start, p_start - t_start + phase.duration_s))
             flow_results += results
         time.sleep(LINGER_S)  # late frames of the last phase
@@ -102,6 +103,7 @@ class LabRun:
         captured = [(host, load_capture(p.out)) for host, p in captures]
         report, series = evaluate(sc, captured, phases, flow_results, t_start, duration, self.target, self.traffic)
         report.dpu_counters = asyncio.run(dpu_counters(self.api))
+        report.events = self.events
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")
@@ -184,7 +186,9 @@ class LabRun:
         # Both ends of a flow use the same generator: iperf3 talks only to iperf3.
         return "dpu_lab.iperf" if self.traffic == "iperf3" else "dpu_lab.traffic"
 
-    def _run_phase(self, name: str, duration: float, flows: list, port: int) -> tuple[float, list[Flow], int]:  # type: ignore[type-arg]
+    def _run_phase(  # type: ignore[type-arg]
+        self, name: str, duration: float, flows: list, port: int, events: list[EventSpec]
+    ) -> tuple[float, list[Flow], int]:
         assert self.net is not None
         topo = self.scenario.topology
         start_at = time.time() + START_DELAY_S
@@ -205,7 +209,7 @@ class LabRun:
                 send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
             senders.append(self._spawn(f"{f.name}-send", src_ns, self._traffic_module, send_args))
             port += 1
-        self._progress(name, start_at, duration)
+        self._progress(name, start_at, duration, events)
         for p in senders + receivers:
             self._wait(p, timeout=START_DELAY_S + duration + LINGER_S + 15)
         results = []
@@ -213,7 +217,7 @@ class LabRun:
             results.append(self._flow_result(f, s, r, duration))
         return start_at, results, port
 
-    def _progress(self, name: str, start_at: float, duration: float) -> None:
+    def _progress(self, name: str, start_at: float, duration: float, events: list[EventSpec]) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         with Progress(
@@ -224,10 +228,28 @@ class LabRun:
             transient=True,
         ) as progress:
             task = progress.add_task(name, total=duration)
+            pending = sorted(events, key=lambda e: e.at_s)
             while (now := time.time()) < start_at + duration:
+                while pending and now >= start_at + pending[0].at_s:
+                    self._event(pending.pop(0), now - start_at)
                 progress.update(task, completed=max(0.0, now - start_at))
-                time.sleep(0.25)
+                time.sleep(0.05)
         self._say(f"phase [bold]{name}[/] done ({duration:.0f} s)")
+
+    def _event(self, ev: EventSpec, t: float) -> None:
+        """Carry out a scenario event (for now: a DPU's target process dies and restarts empty)."""
+        i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
+        self._say(f"event at {t:.1f} s: {ev.dpu} killed, back in {ev.down_s:g} s with no pipeline")
+        tp.process.kill()  # the process we started, by its handle
+        tp.process.wait(timeout=10)
+        time.sleep(ev.down_s)
+        port = int(tp.address.rpartition(":")[2])
+        lim = next(lm for lm in self.net.limiters if lm.name == ev.dpu) if self.net else None
+        assert lim is not None
+        self.targets[i] = start_target(
+            tp.name, tp.kind, tp.device_id, {0: lim.host_if, 1: lim.uplink_if}, self.out_dir / "raw", port=port
+        )
+        self.events.append({"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s})
 
     def _flow_result(self, f, sender: _Proc, receiver: _Proc, duration: float) -> Flow:  # type: ignore[no-untyped-def]
         import json

@@ -66,14 +66,20 @@ class TargetProcess:
 
 
 def start_target(
-    name: str, kind: TargetKind, device_id: int, interfaces: dict[int, str], log_dir: Path, timeout: float = 20.0
+    name: str,
+    kind: TargetKind,
+    device_id: int,
+    interfaces: dict[int, str],
+    log_dir: Path,
+    timeout: float = 20.0,
+    port: int | None = None,
 ) -> TargetProcess:
-    """Start a target and wait until its P4Runtime port accepts connections."""
-    port = free_port()
+    """Start a target (on `port`, or a free one) and wait until its P4Runtime port accepts connections."""
+    port = port or free_port()
     address = f"127.0.0.1:{port}"
     cmd = target_command(kind, device_id, interfaces, address)
     log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as log:
+    with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     tp = TargetProcess(name, kind, device_id, address, proc, log_path)
     deadline = time.monotonic() + timeout

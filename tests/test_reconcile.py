@@ -116,3 +116,46 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
             assert all(u.metered_bytes == 0 for u in usage.usage)
     finally:
         await plane.stop()
+
+
+async def test_drift_is_corrected_and_reported(tmp_path: Path) -> None:
+    from conftest import serve_in_process
+
+    device, server, addr = await serve_in_process()
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await c.register_dpu(
+                pb.Dpu(
+                    name="dpu-a",
+                    p4runtime_address=addr,
+                    device_id=1,
+                    pod="a",
+                    role=pb.DPU_ROLE_POD_UPLINK,
+                    host_port=0,
+                    uplink_port=1,
+                )
+            )
+            await c.set_pod_cap("a", 20e6, 20e6, 10.0, 50_000)
+            await c.wait_converged(timeout=30)
+            assert (await c.status()).dpus[0].drift_corrections == 0
+            # Someone changes the DPU behind the control plane's back: a crossing and a meter.
+            assert device.pipeline is not None
+            table = device.pipeline.program.tables["LimiterIngress.boundary"].table
+            table.remove(next(iter(table.entries.values())).match, 0)
+            device.pipeline.program.meters["LimiterIngress.boundary_meter"].set_p4runtime_config(
+                0, 10**9, 10**9, 10**9, 10**9
+            )
+            agent = plane.service.agents["dpu-a"]
+            assert await agent.wait_applied(agent.poke(), timeout=30)  # the periodic resync, sooner
+            st = (await c.status()).dpus[0]
+            assert st.drift_corrections == 1
+            assert "1 crossings restored" in st.last_drift and "1 meter cells rewritten" in st.last_drift
+            assert len(table.entries) == 2
+            cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
+            assert cfg == (2_500_000, 50_000, 2_500_000, 50_000)
+    finally:
+        await plane.stop()
+        await server.stop(grace=0)

@@ -209,6 +209,8 @@ class LimiterApi(pb_grpc.LimiterServicer):
                     converged=st.converged,
                     last_error=st.last_error,
                     generation_applied=st.generation_applied,
+                    drift_corrections=st.drift_corrections,
+                    last_drift=st.last_drift,
                 )
             )
         return out

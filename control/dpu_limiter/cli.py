@@ -470,7 +470,7 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
             )
         console.print(t)
     elif cmd == "status":
-        t = Table("dpu", "connected", "primary", "converged", "generation", "last error")
+        t = Table("dpu", "connected", "primary", "converged", "generation", "drift corrected", "last error")
         for d in doc.get("dpus", []):
             t.add_row(
                 d["name"],
@@ -478,6 +478,7 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
                 str(d.get("primary", False)),
                 str(d.get("converged", False)),
                 f"{d.get('generation_applied', 0)}/{doc.get('generation', 0)}",
+                f"{d.get('drift_corrections', 0)} {d.get('last_drift', '')}".strip(),
                 d.get("last_error", ""),
             )
         console.print(t)

@@ -148,6 +148,22 @@ class Plan:
     modify_boundary: list[fy.P4TableEntry]
     delete_boundary: list[fy.P4TableEntry]
 
+    def describe(self) -> str:
+        """What the plan restores, for drift reports."""
+        parts = [
+            f"{len(v)} {k}"
+            for k, v in (
+                ("stale exemptions removed", self.delete_exemptions),
+                ("meter cells rewritten", self.meters),
+                ("exemptions restored", self.insert_exemptions),
+                ("crossings restored", self.insert_boundary),
+                ("crossings corrected", self.modify_boundary),
+                ("stale crossings removed", self.delete_boundary),
+            )
+            if v
+        ]
+        return ", ".join(parts) or "nothing"
+
     @property
     def changes(self) -> int:
         """How many updates the plan makes."""

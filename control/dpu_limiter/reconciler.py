@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ class AgentStatus:
     converged: bool = False
     last_error: str = ""
     generation_applied: int = 0
+    drift_corrections: int = 0  # times the DPU held something else than what was last applied
+    last_drift: str = ""
 
 
 class DpuAgent:
@@ -59,6 +62,7 @@ class DpuAgent:
         self._converged = asyncio.Event()
         self._poked = 0  # how many times the intent changed
         self.applied = 0  # the poke count the last successful reconcile started from
+        self._applied_intent: dp.Intent | None = None
         opts = fy.SwitchOptions(
             p4info=program.p4info,
             p4blob=program.bmv2_json,
@@ -176,13 +180,19 @@ class DpuAgent:
             await sw.modify(p.modify_boundary)
         if p.delete_boundary:
             await sw.delete(p.delete_boundary)
-        if p.changes:
+        if p.changes and intent == self._applied_intent:
+            # Nothing we asked for changed, yet the DPU differs: someone else (or a restart) changed it.
+            self.status.drift_corrections += 1
+            self.status.last_drift = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {p.describe()}"
+            LOG.warning("%s: drift corrected: %s", self.dpu.name, p.describe())
+        elif p.changes:
             LOG.info("%s: %d updates", self.dpu.name, p.changes)
         await self._verify_meters(sw, intent)
         self.status.converged = True
         self.status.last_error = ""
         self.status.generation_applied = generation
         self.applied = ticket
+        self._applied_intent = intent
         self._converged.set()
 
     async def _verify_meters(self, sw: fy.Switch, intent: dp.Intent) -> None:

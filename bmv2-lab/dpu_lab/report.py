@@ -174,6 +174,16 @@ def plot_throughput(report: Report, series: PlotSeries) -> Figure:
             # Alternate the shade so that adjacent phases stay distinguishable.
             ax.axvspan(phase.start, phase.end, alpha=0.15 if index % 2 == 0 else 0.05, color="grey", lw=0)
             ax.text(phase.start, 0.97, f" {phase.name}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+        for ev in report.events:  # injected faults (and, later, detections), on the same time base
+            ax.axvline(float(ev["t_s"]), color="black", ls=":", lw=1)
+            ax.text(
+                float(ev["t_s"]),
+                0.85,
+                f" {ev['action']} {ev.get('dpu', '')}",
+                transform=ax.get_xaxis_transform(),
+                va="top",
+                fontsize=7,
+            )
         verdict = "yes" if result.compliant else "no"
         ax.set_title(f"{result.pod} {result.direction}: compliant {verdict}")
         ax.set_ylabel("Mbit/s")

@@ -57,6 +57,7 @@ class LabRun:
     control: subprocess.Popen[bytes] | None = None
     api: str = ""
     events: list[dict[str, object]] = field(default_factory=list)
+    t_start: float = 0.0  # when the captures started: the report's time base
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -86,7 +87,7 @@ class LabRun:
         asyncio.run(self._configure(self.api))
         self._say("caps applied through the control plane; every DPU converged (read back)")
         captures = self._start_captures()
-        t_start = time.time()
+        t_start = self.t_start = time.time()
         phases: list[Phase] = []
         flow_results: list[Flow] = []
         port = BASE_PORT
@@ -231,7 +232,7 @@ class LabRun:
             pending = sorted(events, key=lambda e: e.at_s)
             while (now := time.time()) < start_at + duration:
                 while pending and now >= start_at + pending[0].at_s:
-                    self._event(pending.pop(0), now - start_at)
+                    self._event(pending.pop(0), now - self.t_start)
                 progress.update(task, completed=max(0.0, now - start_at))
                 time.sleep(0.05)
         self._say(f"phase [bold]{name}[/] done ({duration:.0f} s)")

@@ -15,7 +15,15 @@
  * Cells: the control plane gives each (subject, direction) a cell index,
  * subject being the pod or node this device limits and direction egress
  * (leaving the subject) or ingress (entering it). Counters are indexed
- * cell * 8 + class and cell * 4 + colour.
+ * cell * 8 + class and cell * 4 + colour (colour 3: over the window budget).
+ *
+ * Window mode (a window_cfg entry for the cell): besides the meter, at most
+ * `budget` bytes pass in any interval of the window W. Time is cut into slots
+ * of W/15 (slot = (timestamp_us >> 10) * mult >> 32, mult chosen by the
+ * control plane) and a packet passes only if the bytes of the current slot and
+ * the 15 before it, plus its own, stay within the budget: any interval of
+ * length W lies within 16 consecutive slots, so the bound is exact, with 64-bit
+ * counters (budgets far above 4 GiB).
  */
 #include <core.p4>
 #include <v1model.p4>
@@ -31,6 +39,8 @@ const bit<3> CLASS_FRAGMENT = 3;  // IPv4 fragments: metered
 const bit<3> CLASS_OTHER    = 4;  // malformed IPv4 and every non-IPv4 EtherType: metered
 
 #define MAX_CELLS 256
+#define NSLOT 16
+const bit<2> COLOR_WINDOW = 3;  // over the window budget: dropped
 
 header ethernet_t {
     bit<48> dstAddr;
@@ -62,6 +72,9 @@ struct metadata_t {
     bit<32> cell;
     bit<3>  class;
     bit<2>  color;
+    bit<1>  window_on;
+    bit<64> budget;
+    bit<64> mult;
 }
 
 parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -83,11 +96,19 @@ control LimiterVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
     apply { }
 }
 
+// One slot of the window: counted when it belongs to the current slot or one of the 15 before it.
+#define SLOT(i) \
+    slot_epoch.read(e, base + i); \
+    slot_bytes.read(b, base + i); \
+    if (epoch - e < NSLOT) { sum = sum + b; }
+
 control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                        inout standard_metadata_t standard_metadata) {
     counter(MAX_CELLS * 8, CounterType.packets_and_bytes) class_counter;
     counter(MAX_CELLS * 4, CounterType.packets_and_bytes) color_counter;
     meter(MAX_CELLS, MeterType.bytes) boundary_meter;
+    register<bit<64>>(MAX_CELLS * NSLOT) slot_epoch;
+    register<bit<64>>(MAX_CELLS * NSLOT) slot_bytes;
 
     action drop() {
         mark_to_drop(standard_metadata);
@@ -104,6 +125,20 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         actions = { cross; drop; }
         default_action = drop();
         size = 64;
+    }
+
+    action window(bit<64> budget, bit<64> mult) {
+        meta.window_on = 1;
+        meta.budget = budget;
+        meta.mult = mult;
+    }
+
+    // Window mode per cell: the budget (bytes per window) and the slot multiplier.
+    table window_cfg {
+        key = { meta.cell: exact; }
+        actions = { window; NoAction; }
+        default_action = NoAction();
+        size = MAX_CELLS;
     }
 
     table src_in_pod {
@@ -141,8 +176,35 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
             class_counter.count((meta.cell << 3) | (bit<32>)meta.class);
             if (meta.class != CLASS_INTRA && meta.class != CLASS_ARP) {
                 boundary_meter.execute_meter(meta.cell, meta.color);
+                if (meta.color != V1MODEL_METER_COLOR_RED) {
+                    window_cfg.apply();
+                    if (meta.window_on == 1) {
+                        bit<64> epoch = (((bit<64>)(standard_metadata.ingress_global_timestamp >> 10)) * meta.mult) >> 32;
+                        bit<32> base = meta.cell << 4;
+                        bit<64> sum = 0;
+                        bit<64> e;
+                        bit<64> b;
+                        SLOT(0) SLOT(1) SLOT(2) SLOT(3) SLOT(4) SLOT(5) SLOT(6) SLOT(7)
+                        SLOT(8) SLOT(9) SLOT(10) SLOT(11) SLOT(12) SLOT(13) SLOT(14) SLOT(15)
+                        bit<64> len = (bit<64>)standard_metadata.packet_length;
+                        if (sum + len > meta.budget) {
+                            meta.color = COLOR_WINDOW;
+                        } else {
+                            bit<32> idx = base + (bit<32>)(epoch & (NSLOT - 1));
+                            slot_epoch.read(e, idx);
+                            slot_bytes.read(b, idx);
+                            if (e == epoch) {
+                                b = b + len;
+                            } else {
+                                b = len;
+                            }
+                            slot_epoch.write(idx, epoch);
+                            slot_bytes.write(idx, b);
+                        }
+                    }
+                }
                 color_counter.count((meta.cell << 2) | (bit<32>)meta.color);
-                if (meta.color == V1MODEL_METER_COLOR_RED) {
+                if (meta.color == V1MODEL_METER_COLOR_RED || meta.color == COLOR_WINDOW) {
                     mark_to_drop(standard_metadata);
                 }
             }

@@ -75,6 +75,7 @@ def test_dry_run_then_apply_then_nothing_to_do(tmp_path: Path, server: str) -> N
             "window_s": 60.0,
             "burst_bytes": "12500000",
             "rebalance": False,
+            "mode": "CAP_MODE_RATE",
         }
     ]
     f.write_text(MANIFEST.replace("egress: 1G", "egress: 2G"))

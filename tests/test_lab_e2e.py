@@ -102,3 +102,37 @@ def test_dpu_restart_mid_traffic_never_passes_unmetered(tmp_path: Path) -> None:
     assert all(r["compliant"] for r in report["results"]), report["results"]
     flow = report["flows"][0]
     assert 0.6 * 8e6 < flow["delivered_bps"] < 8e6 + 2 * 1_000_000 * 8 / 14  # the outage, at most a fresh burst
+
+
+@pytest.mark.parametrize("target", ["embedded", pytest.param("bmv2", marks=pytest.mark.bmv2)])
+def test_window_mode_holds_exactly(tmp_path: Path, target: str) -> None:
+    if reason := can_netns():
+        pytest.skip(reason)
+    if target == "bmv2" and shutil.which("simple_switch_grpc") is None:
+        pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
+    out = tmp_path / target
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpu_limiter.cli",
+            "lab",
+            "run",
+            str(ROOT / "bmv2-lab/scenarios/window-smoke.yaml"),
+            "--out",
+            str(out),
+            "--target",
+            target,
+            "--traffic",
+            "builtin",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    egress = next(r for r in report["results"] if (r["pod"], r["direction"]) == ("a", "egress"))
+    assert egress["allowed_window_bytes"] == 4_000_000  # 8 Mbit/s x 4 s, no bucket on top
+    assert 0.95 * 4_000_000 < egress["max_window_bytes"] <= 4_000_000
+    assert report["flows"][0]["delivered_bps"] > 0.9 * 8e6

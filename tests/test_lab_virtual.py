@@ -111,3 +111,13 @@ def test_nvswitch_bypass_is_measured_as_inter_pod_traffic(tmp_path: Path) -> Non
     egress = next(x for x in r.results if (x.pod, x.direction) == ("a", "egress"))
     assert not egress.compliant and not r.cap_held
     assert egress.delivered_bps > 100e6  # effective inter-pod bandwidth: five times the cap
+
+
+def test_window_mode_is_exact_above_4_gib(tmp_path: Path) -> None:
+    sc = load_scenario(ROOT / "bmv2-lab" / "scenarios" / "window-5gb.yaml")
+    r = VirtualLabRun(sc, tmp_path, segment_bytes=1_000_000).run()
+    egress = next(x for x in r.results if (x.pod, x.direction) == ("a", "egress"))
+    assert egress.allowed_window_bytes == 5_000_000_000 > 1 << 32  # rate x window, no bucket on top
+    assert egress.compliant and egress.max_window_bytes > 0.99 * 5_000_000_000
+    # Offered twice the cap for 60 s: one full budget at once, then what the sliding window frees.
+    assert 1.1e9 < r.flows[0].delivered_bps < 1.4e9

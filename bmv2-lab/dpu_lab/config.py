@@ -145,8 +145,9 @@ class CapSpec(_Model):
     egress: float
     ingress: float
     window_s: float = Field(gt=0, le=86_400)
-    burst_bytes: int = Field(default=0, ge=0, le=(1 << 32) - 1)
+    burst_bytes: int = Field(default=0, ge=0, le=(1 << 31) - 1)
     rebalance: bool = False  # node placement: shares follow measured demand
+    mode: Literal["rate", "window"] = "rate"
 
     @field_validator("egress", "ingress", mode="before")
     @classmethod

@@ -41,7 +41,9 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[tuple[str, s
             )
         )
     for cap in sc.caps:
-        await client.set_pod_cap(cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes, cap.rebalance)
+        await client.set_pod_cap(
+            cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode
+        )
     await client.wait_converged(timeout=60)
 
 
@@ -103,7 +105,8 @@ def evaluate(
                 t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
             mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
             total = int(np.sum(bins)) if len(bins) else 0
-            burst = cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
+            # Window mode is exact: the allowance is the budget itself, with no bucket on top.
+            burst = 0 if cap.mode == "window" else cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
             results.append(
                 Result.evaluate(
                     pod.name,

@@ -52,12 +52,16 @@ def cap_to_pb(cap: Cap) -> pb.Cap:
         window_s=cap.window_s,
         burst_bytes=cap.burst_bytes,
         rebalance=cap.rebalance,
+        mode=pb.CAP_MODE_WINDOW if cap.mode == "window" else pb.CAP_MODE_RATE,
     )
 
 
 def cap_from_pb(c: pb.Cap) -> Cap:
     """Proto to validated model."""
-    return Cap.validated(Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes, c.rebalance))
+    modes = {pb.CAP_MODE_RATE: "rate", pb.CAP_MODE_WINDOW: "window"}
+    if c.mode not in modes:
+        raise InvalidArgument("cap.mode", c.mode, "unknown mode")
+    return Cap.validated(Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes, c.rebalance, modes[c.mode]))
 
 
 class LimiterApi(pb_grpc.LimiterServicer):

@@ -78,7 +78,8 @@ async def plan_apply(client: LimiterClient, m: Manifest) -> list[Change]:
             have_cap.window_s,
             have_cap.burst_bytes,
             have_cap.rebalance,
-        ) == (cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance)
+            "window" if have_cap.mode == pb.CAP_MODE_WINDOW else "rate",
+        ) == (cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode)
         verb = "create" if have_cap is None else "unchanged" if same else "update"
         detail = _cap_text(cap) if have_cap is None or same else f"{_cap_text(have_cap)} -> {_cap_text(cap)}"
         out.append(Change(verb, "cap", pod_name, detail))
@@ -97,5 +98,5 @@ async def apply(client: LimiterClient, m: Manifest, changes: list[Change]) -> No
     for pod_name, cap in m.caps.items():
         if ("cap", pod_name) in todo:
             await client.set_pod_cap(
-                pod_name, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance
+                pod_name, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode
             )

@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     cset.add_argument("--window", type=float, required=True, help="averaging window, seconds")
     cset.add_argument("--burst", type=int, default=0, help="meter burst, bytes (default: 100 ms at the rate)")
     cset.add_argument(
+        "--mode",
+        choices=["rate", "window"],
+        default="rate",
+        help="rate: a two-rate meter (default); window: at most rate x window bytes in any window (exact, any size)",
+    )
+    cset.add_argument(
         "--rebalance",
         action="store_true",
         help="node placement: move unused share between the pod's nodes from measured usage",
@@ -314,7 +320,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
             except UnitError as exc:
                 print(f"dpu-limiter: {exc}", file=sys.stderr)
                 return 2
-            msg = await c.set_pod_cap(args.pod, egress, ingress, args.window, args.burst, args.rebalance)
+            msg = await c.set_pod_cap(args.pod, egress, ingress, args.window, args.burst, args.rebalance, args.mode)
         elif args.cmd == "cap":
             msg = await c.get_pod_cap(args.pod)
         elif args.cmd == "usage":

@@ -48,6 +48,7 @@ class LimiterClient:
         window_s: float,
         burst_bytes: int = 0,
         rebalance: bool = False,
+        mode: str = "rate",
     ) -> pb.PodCap:
         """Set a pod's cap (bit/s, seconds, bytes; rebalance: node shares follow demand)."""
         cap = pb.Cap(
@@ -56,6 +57,7 @@ class LimiterClient:
             window_s=window_s,
             burst_bytes=burst_bytes,
             rebalance=rebalance,
+            mode=pb.CAP_MODE_WINDOW if mode == "window" else pb.CAP_MODE_RATE,
         )
         return await self.stub.SetPodCap(pb.SetPodCapRequest(pod=pod, cap=cap))
 

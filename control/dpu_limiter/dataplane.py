@@ -12,7 +12,7 @@ import finsy as fy
 from finsy.proto import p4r
 
 from .models import Cap, Dpu, Pod
-from .units import MeterParams, cap_meter
+from .units import MAX_PI_BURST, MeterParams, cap_meter
 
 TABLE_BOUNDARY = "LimiterIngress.boundary"
 ACTION_CROSS = "LimiterIngress.cross"
@@ -23,16 +23,33 @@ FIELD_DST = "hdr.ipv4.dstAddr"
 FIELD_INGRESS_PORT = "standard_metadata.ingress_port"
 ACTION_NO_ACTION = "NoAction"
 METER = "LimiterIngress.boundary_meter"
+TABLE_WINDOW = "LimiterIngress.window_cfg"
+ACTION_WINDOW = "LimiterIngress.window"
+FIELD_CELL = "meta.cell"
+WINDOW_SLOTS = 15  # the window is covered by the current slot and the 15 before it (limiter.p4)
 CLASS_COUNTER = "LimiterIngress.class_counter"
 COLOR_COUNTER = "LimiterIngress.color_counter"
 
 # A DPU limits one subject (its pod, or its node): cell 0 is egress, cell 1 ingress.
 CELLS = {"egress": 0, "ingress": 1}
 CLASSES = {"intra": 0, "arp": 1, "ipv4": 2, "fragment": 3, "other": 4}
-COLORS = {"green": 0, "yellow": 1, "red": 2}
+COLORS = {"green": 0, "yellow": 1, "red": 2, "window": 3}
 
 # Unset cap: the meter still runs, at zero: only exempt traffic crosses (fail closed).
 FLOOR = MeterParams(cir=0, cburst=0, pir=0, pburst=0)
+# Window mode: the budget does the limiting; the meter only stops what no link could carry anyway.
+OPEN_METER = MeterParams(cir=10**12, cburst=MAX_PI_BURST, pir=10**12, pburst=MAX_PI_BURST)
+
+
+def window_params(rate_bps: float, window_s: float) -> tuple[int, int]:
+    """(budget bytes, slot multiplier) for limiter.p4's window mode.
+
+    The budget is rate x window, whole bytes, rounded down. A slot is (timestamp_us >> 10) * mult >> 32;
+    mult is rounded down so that 15 slots always cover the window, even with the 1.024 ms quantum.
+    """
+    budget = int(rate_bps / 8 * window_s)
+    units = window_s * 1e6 / 1024 + 1  # the window in 1.024 ms units, plus one for quantization
+    return budget, int((1 << 32) * WINDOW_SLOTS / units)
 
 
 @dataclass(frozen=True)
@@ -54,14 +71,22 @@ class Intent:
     """What one DPU must hold: meter configs per cell, exemption prefixes and boundary entries."""
 
     meters: dict[int, MeterParams]
+    windows: dict[int, tuple[int, int]]  # cell -> (budget bytes, slot multiplier), window mode only
     prefixes: tuple[str, ...]
     boundary: tuple[tuple[int, int, int], ...]  # (ingress_port, egress_port, cell)
 
 
 def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None) -> Intent:
     """Desired data-plane state of `dpu` given its pod and the pod's cap (if any)."""
+    windows: dict[int, tuple[int, int]] = {}
     if cap is None:
         meters = {CELLS["egress"]: FLOOR, CELLS["ingress"]: FLOOR}
+    elif cap.mode == "window":
+        meters = {CELLS["egress"]: OPEN_METER, CELLS["ingress"]: OPEN_METER}
+        windows = {
+            CELLS["egress"]: window_params(cap.egress_bps, cap.window_s),
+            CELLS["ingress"]: window_params(cap.ingress_bps, cap.window_s),
+        }
     else:
         meters = {
             CELLS["egress"]: cap_meter(cap.egress_bps, cap.burst_bytes, "cap.egress_bps"),
@@ -71,7 +96,7 @@ def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None) -> Intent:
         (dpu.host_port, dpu.uplink_port, CELLS["egress"]),
         (dpu.uplink_port, dpu.host_port, CELLS["ingress"]),
     )
-    return Intent(meters=meters, prefixes=pod.ipv4_prefixes if pod else (), boundary=boundary)
+    return Intent(meters=meters, windows=windows, prefixes=pod.ipv4_prefixes if pod else (), boundary=boundary)
 
 
 def meter_reads(intent: Intent) -> list[fy.P4MeterEntry]:
@@ -118,6 +143,18 @@ def prefix_entities(intent: Intent) -> list[fy.P4TableEntry]:
     return out
 
 
+def window_entities(intent: Intent) -> list[fy.P4TableEntry]:
+    """Window-mode budgets per cell."""
+    return [
+        fy.P4TableEntry(
+            TABLE_WINDOW,
+            match=fy.P4TableMatch({FIELD_CELL: cell}),
+            action=fy.P4TableAction(ACTION_WINDOW, budget=budget, mult=mult),
+        )
+        for cell, (budget, mult) in sorted(intent.windows.items())
+    ]
+
+
 def boundary_entities(intent: Intent) -> list[fy.P4TableEntry]:
     """Port-to-port crossings, each with its cell."""
     return [
@@ -142,11 +179,14 @@ class Plan:
     """Updates that move a DPU from what it holds to the intent, in a safe order."""
 
     delete_exemptions: list[fy.P4TableEntry]
+    set_windows: list[fy.P4TableEntry]  # inserts, then modifies (before the meters open up)
+    modify_windows: list[fy.P4TableEntry]
     meters: list[fy.P4MeterEntry]
     insert_exemptions: list[fy.P4TableEntry]
     insert_boundary: list[fy.P4TableEntry]
     modify_boundary: list[fy.P4TableEntry]
     delete_boundary: list[fy.P4TableEntry]
+    delete_windows: list[fy.P4TableEntry]  # after the meters have tightened
 
     def describe(self) -> str:
         """What the plan restores, for drift reports."""
@@ -159,6 +199,9 @@ class Plan:
                 ("crossings restored", self.insert_boundary),
                 ("crossings corrected", self.modify_boundary),
                 ("stale crossings removed", self.delete_boundary),
+                ("window budgets set", self.set_windows),
+                ("window budgets corrected", self.modify_windows),
+                ("window budgets removed", self.delete_windows),
             )
             if v
         ]
@@ -176,6 +219,9 @@ class Plan:
                 self.insert_boundary,
                 self.modify_boundary,
                 self.delete_boundary,
+                self.set_windows,
+                self.modify_windows,
+                self.delete_windows,
             )
         )
 
@@ -188,34 +234,58 @@ def plan(
 ) -> Plan:
     """Diff the intent against the entries read back from the DPU.
 
-    Order (tighten before loosen): drop stale exemptions, set meters, add exemptions,
-    then boundary entries (which let traffic cross), and only then remove stale crossings.
+    Order (tighten before loosen): drop stale exemptions, set window budgets, set meters, add
+    exemptions, then boundary entries (which let traffic cross), and only then remove stale
+    crossings and stale window budgets (the meters have tightened by then).
     """
-    have = {entry_key(e.encode(schema).table_entry): e for e in current}
-    have_action = {
-        k: e.encode(schema).table_entry.action.SerializeToString(deterministic=True) for k, e in have.items()
+
+    def keyed(entries: list[fy.P4TableEntry]) -> dict[bytes, tuple[fy.P4TableEntry, p4r.TableEntry]]:
+        out = {}
+        for e in entries:
+            pb_entry = e.encode(schema).table_entry
+            out[entry_key(pb_entry)] = (e, pb_entry)
+        return out
+
+    have = keyed(current)
+    want = {
+        TABLE_SRC_IN_POD: keyed(prefix_entities(intent)),
+        TABLE_BOUNDARY: keyed(boundary_entities(intent)),
+        TABLE_WINDOW: keyed(window_entities(intent)),
     }
-    want_ex = {entry_key(e.encode(schema).table_entry): e for e in prefix_entities(intent)}
-    want_bd = {entry_key(e.encode(schema).table_entry): e for e in boundary_entities(intent)}
-    boundary_id = schema.tables[TABLE_BOUNDARY].id
-    stale = [(k, e) for k, e in have.items() if k not in want_ex and k not in want_bd]
+    want[TABLE_DST_IN_POD] = {}  # prefix_entities covers both exemption tables: keyed by table id inside the key
+    table_of = {schema.tables[name].id: name for name in want}
+    wanted = {k for entries in want.values() for k in entries}
+
+    def inserts(table: str) -> list[fy.P4TableEntry]:
+        return [e for k, (e, _) in want[table].items() if k not in have]
+
+    def modifies(table: str) -> list[fy.P4TableEntry]:
+        return [e for k, (e, pbe) in want[table].items() if k in have and have[k][1].action != pbe.action]
+
+    def stale(*tables: str) -> list[fy.P4TableEntry]:
+        return [e for k, (e, pbe) in have.items() if k not in wanted and table_of.get(pbe.table_id) in tables]
+
     return Plan(
-        delete_exemptions=[e for _, e in stale if e.encode(schema).table_entry.table_id != boundary_id],
+        delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD),
+        set_windows=inserts(TABLE_WINDOW),
+        modify_windows=modifies(TABLE_WINDOW),
         meters=meter_mismatches(intent, meters),
-        insert_exemptions=[e for k, e in want_ex.items() if k not in have],
-        insert_boundary=[e for k, e in want_bd.items() if k not in have],
-        modify_boundary=[
-            e
-            for k, e in want_bd.items()
-            if k in have and have_action[k] != e.encode(schema).table_entry.action.SerializeToString(deterministic=True)
-        ],
-        delete_boundary=[e for _, e in stale if e.encode(schema).table_entry.table_id == boundary_id],
+        insert_exemptions=inserts(TABLE_SRC_IN_POD),
+        insert_boundary=inserts(TABLE_BOUNDARY),
+        modify_boundary=modifies(TABLE_BOUNDARY),
+        delete_boundary=stale(TABLE_BOUNDARY),
+        delete_windows=stale(TABLE_WINDOW),
     )
 
 
 def managed_tables() -> list[fy.P4TableEntry]:
     """Wildcard reads of every table the control plane manages."""
-    return [fy.P4TableEntry(TABLE_BOUNDARY), fy.P4TableEntry(TABLE_SRC_IN_POD), fy.P4TableEntry(TABLE_DST_IN_POD)]
+    return [
+        fy.P4TableEntry(TABLE_BOUNDARY),
+        fy.P4TableEntry(TABLE_SRC_IN_POD),
+        fy.P4TableEntry(TABLE_DST_IN_POD),
+        fy.P4TableEntry(TABLE_WINDOW),
+    ]
 
 
 def usage_reads() -> list[fy.P4CounterEntry]:

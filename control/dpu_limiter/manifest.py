@@ -104,7 +104,15 @@ def load_manifest(path: Path) -> Manifest:
             rebalance = item.get("rebalance", False)
             if not isinstance(rebalance, bool):
                 raise InvalidArgument(f"{where}.rebalance", rebalance, "must be true or false")
-            cap = Cap(rates["egress"], rates["ingress"], float(window), _int(item, "burst_bytes", where, 0), rebalance)
+            mode = item.get("mode", "rate")
+            cap = Cap(
+                rates["egress"],
+                rates["ingress"],
+                float(window),
+                _int(item, "burst_bytes", where, 0),
+                rebalance,
+                str(mode),
+            )
             m.caps[pod] = Cap.validated(cap, where)
     except InvalidArgument as exc:
         raise ManifestError(f"{path}: {exc}") from None

@@ -126,6 +126,7 @@ class Cap:
     window_s: float
     burst_bytes: int = 0
     rebalance: bool = False  # node shares follow measured demand (node placement only)
+    mode: str = "rate"  # "rate": trTCM meter; "window": at most rate x window bytes in any window
 
     @staticmethod
     def validated(cap: Cap, field_prefix: str = "cap") -> Cap:
@@ -150,7 +151,11 @@ class Cap:
             raise InvalidArgument(
                 f"{field_prefix}.burst_bytes", cap.burst_bytes, f"must be <= {MAX_PI_BURST} (32-bit meter bursts)"
             ) from None
-        return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst), bool(cap.rebalance))
+        if cap.mode not in ("rate", "window"):
+            raise InvalidArgument(f"{field_prefix}.mode", cap.mode, "must be rate or window")
+        if cap.mode == "window" and w < 1:
+            raise InvalidArgument(f"{field_prefix}.window_s", w, "must be >= 1 second in window mode")
+        return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst), bool(cap.rebalance), cap.mode)
 
 
 @dataclass

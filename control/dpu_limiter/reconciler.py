@@ -170,6 +170,10 @@ class DpuAgent:
         p = dp.plan(intent, current, meters, sw.p4info)
         if p.delete_exemptions:
             await sw.delete(p.delete_exemptions)
+        if p.set_windows:
+            await sw.insert(p.set_windows)
+        if p.modify_windows:
+            await sw.modify(p.modify_windows)
         if p.meters:
             await sw.modify(p.meters)
         if p.insert_exemptions:
@@ -180,6 +184,8 @@ class DpuAgent:
             await sw.modify(p.modify_boundary)
         if p.delete_boundary:
             await sw.delete(p.delete_boundary)
+        if p.delete_windows:
+            await sw.delete(p.delete_windows)
         if p.changes and intent == self._applied_intent:
             # Nothing we asked for changed, yet the DPU differs: someone else (or a restart) changed it.
             self.status.drift_corrections += 1

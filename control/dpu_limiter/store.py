@@ -48,6 +48,8 @@ class Store:
         cols = {row[1] for row in self._db.execute("PRAGMA table_info(caps)")}
         if "rebalance" not in cols:
             self._db.execute("ALTER TABLE caps ADD COLUMN rebalance INTEGER NOT NULL DEFAULT 0")
+        if "mode" not in cols:
+            self._db.execute("ALTER TABLE caps ADD COLUMN mode TEXT NOT NULL DEFAULT 'rate'")
 
     def close(self) -> None:
         """Close the database."""
@@ -127,9 +129,9 @@ class Store:
     def put_cap(self, pod: str, cap: Cap, actor: str = "local") -> int:
         """Insert or replace a pod's cap."""
         return self._write(
-            "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, int(cap.rebalance)),
+            "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, int(cap.rebalance), cap.mode),
             "set-cap",
             f"pod/{pod}/cap",
             {
@@ -138,6 +140,7 @@ class Store:
                 "window_s": cap.window_s,
                 "burst_bytes": cap.burst_bytes,
                 "rebalance": cap.rebalance,
+                "mode": cap.mode,
             },
             actor,
         )
@@ -153,10 +156,10 @@ class Store:
                 "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port FROM dpus"
             ):
                 state.dpus[row[0]] = Dpu(row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]))
-            for pod, e, i, w, b, r in cur.execute(
-                "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance FROM caps"
+            for pod, e, i, w, b, r, m in cur.execute(
+                "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode FROM caps"
             ):
-                state.caps[pod] = Cap(e, i, w, int(b), bool(r))
+                state.caps[pod] = Cap(e, i, w, int(b), bool(r), m)
             row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             state.generation = int(row[0]) if row else 0
             return state

@@ -6,8 +6,9 @@ The chain for a byte meter on bmv2 (and on the embedded target, which copies it)
                        --PI: /1e6-->  bmv2 info_rate (bytes per microsecond, double)
     user burst (bytes) --> P4Runtime cburst/pburst (int64) --PI: uint32--> bmv2 burst_size
 
-PI narrows bursts to 32 bits, so a burst of 4 GiB or more would silently wrap on bmv2: it is
-refused here instead. Rates are rounded to the nearest byte per second (at most 4 bit/s off).
+PI narrows bursts to 32 bits, and reads them back as signed 32-bit values, so a burst of 2 GiB or
+more would wrap or read back wrong on bmv2: it is refused here instead. Rates are rounded to the
+nearest byte per second (at most 4 bit/s off).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MAX_PI_BURST = (1 << 32) - 1
+# PI narrows bursts to 32 bits on the way in and reads them back as signed 32-bit: below 2**31 both
+# ways are exact.
+MAX_PI_BURST = (1 << 31) - 1
 MIN_DEFAULT_BURST = 16 * 1024
 DEFAULT_BURST_SECONDS = 0.1
 

@@ -154,10 +154,16 @@ def meter_config(cell: Meter) -> tuple[int, int, int, int] | None:
     pir_rate, cir_rate = cell.rates[0], cell.rates[-1]
     return (
         round(cir_rate.info_rate * 1_000_000),
-        cir_rate.burst_size,
+        _as_read_back(cir_rate.burst_size),
         round(pir_rate.info_rate * 1_000_000),
-        pir_rate.burst_size,
+        _as_read_back(pir_rate.burst_size),
     )
+
+
+def _as_read_back(burst: int) -> int:
+    # simple_switch_grpc (PI) reads bursts back through a signed 32-bit value: 2**31 and above come
+    # back negative (measured: 4294967295 reads back as -1). Match it.
+    return burst - (1 << 32) if burst >= 1 << 31 else burst
 
 
 class RegisterArray:

@@ -9,11 +9,11 @@ import grpc
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from .client import LimiterClient
+from .convert import cap_mode, dpu_to_pb
 from .manifest import Manifest
-from .models import Cap, Dpu, Role
+from .models import Cap
 
 Verb = Literal["create", "update", "unchanged", "conflict"]
-ROLE_PB = {Role.POD_UPLINK: pb.DPU_ROLE_POD_UPLINK, Role.NODE: pb.DPU_ROLE_NODE}
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,6 @@ class Change:
     kind: Literal["pod", "dpu", "cap"]
     name: str
     detail: str = ""
-
-
-def _dpu_pb(d: Dpu) -> pb.Dpu:
-    return pb.Dpu(
-        name=d.name,
-        p4runtime_address=d.p4runtime_address,
-        device_id=d.device_id,
-        pod=d.pod,
-        role=ROLE_PB[d.role],
-        host_port=d.host_port,
-        uplink_port=d.uplink_port,
-    )
 
 
 def _cap_text(c: Cap | pb.Cap) -> str:
@@ -59,7 +47,7 @@ async def plan_apply(client: LimiterClient, m: Manifest) -> list[Change]:
         old = dpus.get(d.name)
         if old is None:
             out.append(Change("create", "dpu", d.name, f"{d.p4runtime_address} device {d.device_id}, pod {d.pod}"))
-        elif old == _dpu_pb(d):
+        elif old == dpu_to_pb(d):
             out.append(Change("unchanged", "dpu", d.name))
         else:
             out.append(
@@ -78,7 +66,7 @@ async def plan_apply(client: LimiterClient, m: Manifest) -> list[Change]:
             have_cap.window_s,
             have_cap.burst_bytes,
             have_cap.rebalance,
-            "window" if have_cap.mode == pb.CAP_MODE_WINDOW else "rate",
+            cap_mode(have_cap),
         ) == (cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode)
         verb = "create" if have_cap is None else "unchanged" if same else "update"
         detail = _cap_text(cap) if have_cap is None or same else f"{_cap_text(have_cap)} -> {_cap_text(cap)}"
@@ -94,7 +82,7 @@ async def apply(client: LimiterClient, m: Manifest, changes: list[Change]) -> No
             await client.apply_pod(pod.name, list(pod.ipv4_prefixes))
     for d in m.dpus:
         if ("dpu", d.name) in todo:
-            await client.register_dpu(_dpu_pb(d))
+            await client.register_dpu(dpu_to_pb(d))
     for pod_name, cap in m.caps.items():
         if ("cap", pod_name) in todo:
             await client.set_pod_cap(

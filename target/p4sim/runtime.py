@@ -697,29 +697,24 @@ class Pipeline:
         pre = self.program.pre
         which = req.WhichOneof("type")
         if which == "multicast_group_entry":
-            gid = req.multicast_group_entry.multicast_group_id
-            for key in [gid] if gid else sorted(pre.groups):
-                if key not in pre.groups:
-                    raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "Multicast group does not exist")
-                g = p4r.MulticastGroupEntry(multicast_group_id=key)
-                for port, rid in pre.groups[key]:
-                    g.replicas.add(egress_port=port, instance=rid)
-                yield p4r.Entity(
-                    packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(multicast_group_entry=g)
-                )
+            table, wanted, missing = pre.groups, req.multicast_group_entry.multicast_group_id, "Multicast group"
         elif which == "clone_session_entry":
-            sid = req.clone_session_entry.session_id
-            for key in [sid] if sid else sorted(pre.clone_sessions):
-                if key not in pre.clone_sessions:
-                    raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "Clone session does not exist")
-                cs = p4r.CloneSessionEntry(session_id=key)
-                for port, rid in pre.clone_sessions[key]:
-                    cs.replicas.add(egress_port=port, instance=rid)
-                yield p4r.Entity(
-                    packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(clone_session_entry=cs)
-                )
+            table, wanted, missing = pre.clone_sessions, req.clone_session_entry.session_id, "Clone session"
         else:
             raise _invalid("packet replication engine read needs a type")
+        for key in [wanted] if wanted else sorted(table):
+            if key not in table:
+                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, f"{missing} does not exist")
+            entry = p4r.PacketReplicationEngineEntry()
+            if which == "multicast_group_entry":
+                msg: p4r.MulticastGroupEntry | p4r.CloneSessionEntry = entry.multicast_group_entry
+                msg.multicast_group_id = key
+            else:
+                msg = entry.clone_session_entry
+                msg.session_id = key
+            for port, rid in table[key]:
+                msg.replicas.add(egress_port=port, instance=rid)
+            yield p4r.Entity(packet_replication_engine_entry=entry)
 
 
 def _wildcard(kind: str, width: int) -> object:

@@ -6,11 +6,11 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpu_limiter.models import NAME_RE
 from dpu_limiter.units import UnitError, parse_rate
+from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
 
 class ConfigError(ValueError):
@@ -256,22 +256,18 @@ def _format_error(path: Path, exc: ValidationError) -> str:
 def load_scenario(path: Path) -> Scenario:
     """Load a scenario file; `topology:` may be inline or a path relative to the file."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        doc = read_yaml(path)
+    except YamlFileError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a scenario must be a mapping at the top level")
     topo = doc.get("topology")
     if isinstance(topo, str):
         tpath = (path.parent / topo).resolve()
         try:
-            doc["topology"] = yaml.safe_load(tpath.read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: topology: cannot read {tpath}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{tpath}: not valid YAML: {exc}") from None
+            doc["topology"] = read_yaml(tpath)
+        except YamlFileError as exc:
+            raise ConfigError(f"{path}: topology: {exc}") from None
     try:
         return Scenario.model_validate(doc)
     except ValidationError as exc:

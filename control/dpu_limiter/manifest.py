@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .models import Cap, Dpu, InvalidArgument, Pod, Role
 from .units import UnitError, parse_rate
+from .yamlfile import YamlFileError, read_yaml
 
 
 class ManifestError(ValueError):
@@ -53,11 +52,9 @@ def _get(item: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
 def load_manifest(path: Path) -> Manifest:
     """Read and validate a manifest or a lab topology file."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from None
+        doc = read_yaml(path)
+    except YamlFileError as exc:
+        raise ManifestError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ManifestError(f"{path}: must be a mapping with pods, dpus and/or caps")
     unknown = set(doc) - {"pods", "dpus", "caps", "name", "router"}

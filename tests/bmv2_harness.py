@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import can_netns, free_port, wait_port
+from conftest import can_netns, free_port, stop, wait_port
 from p4sim.ports import AUX_SPACE, PACKET_AUXDATA, SOL_PACKET, with_vlan_tag
 
 ETH_P_ALL = 0x0003
@@ -89,12 +89,7 @@ def bmv2_switch(ports: Iterable[int]) -> Iterator[Bmv2]:
         for s in socks.values():
             s.close()
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop(proc)
         for sw_if in made:
             subprocess.run(["ip", "link", "del", sw_if], capture_output=True)
 

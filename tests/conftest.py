@@ -16,6 +16,8 @@ import grpc
 import pytest
 from netns_pair import NsPair, ip
 
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from dpu_limiter.client import LimiterClient
 from p4sim.server import Device, add_to_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,9 +55,17 @@ def can_netns() -> str | None:
     return None
 
 
-def start_embedded(port: int, log: Path, interfaces: list[str] | None = None) -> subprocess.Popen[bytes]:
+async def register(client: LimiterClient, name: str, address: str, pod: str = "a", node: bool = False) -> None:
+    """Register a DPU through the API as the tests wire it: host port 0, uplink port 1."""
+    role = pb.DPU_ROLE_NODE if node else pb.DPU_ROLE_POD_UPLINK
+    await client.register_dpu(
+        pb.Dpu(name=name, p4runtime_address=address, device_id=1, pod=pod, role=role, host_port=0, uplink_port=1)
+    )
+
+
+def start_embedded(port: int, log: Path, options: list[str] | None = None) -> subprocess.Popen[bytes]:
     """The embedded target as a process with no pipeline, serving P4Runtime on 127.0.0.1:port
-    (`interfaces`: simple_switch-style `-i PORT@IF` arguments)."""
+    (`options`: more of simple_switch_grpc's options, e.g. `-i PORT@IF` or the TLS ones)."""
     with log.open("ab") as out:  # a file, not a pipe: nobody drains a pipe while a test runs
         proc = subprocess.Popen(
             [
@@ -64,7 +74,7 @@ def start_embedded(port: int, log: Path, interfaces: list[str] | None = None) ->
                 "p4sim.main",
                 "--device-id",
                 "1",
-                *(interfaces or []),
+                *(options or []),
                 "--no-p4",
                 "--",
                 "--grpc-server-addr",

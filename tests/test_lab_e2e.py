@@ -17,10 +17,23 @@ pytestmark = pytest.mark.netns
 SMOKE = ROOT / "bmv2-lab" / "scenarios" / "smoke.yaml"
 
 
-def run_lab(tmp_path: Path, target: str) -> dict:  # type: ignore[type-arg]
+def run_lab(tmp_path: Path, target: str, scenario: Path = SMOKE, *options: str) -> dict:  # type: ignore[type-arg]
+    """`dpu-limiter lab run` as a user types it; checks its outputs and that it left nothing behind."""
     out = tmp_path / target
     res = subprocess.run(
-        [sys.executable, "-m", "dpu_limiter.cli", "lab", "run", str(SMOKE), "--out", str(out), "--target", target],
+        [
+            sys.executable,
+            "-m",
+            "dpu_limiter.cli",
+            "lab",
+            "run",
+            str(scenario),
+            "--out",
+            str(out),
+            "--target",
+            target,
+            *options,
+        ],
         capture_output=True,
         text=True,
         timeout=240,
@@ -77,26 +90,7 @@ def test_lab_smoke_bmv2(tmp_path: Path) -> None:
 def test_dpu_restart_mid_traffic_never_passes_unmetered(tmp_path: Path) -> None:
     if reason := can_netns():
         pytest.skip(reason)
-    out = tmp_path / "restart"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dpu_limiter.cli",
-            "lab",
-            "run",
-            str(ROOT / "bmv2-lab/scenarios/dpu-restart.yaml"),
-            "--out",
-            str(out),
-            "--traffic",
-            "builtin",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
+    report = run_lab(tmp_path, "embedded", ROOT / "bmv2-lab/scenarios/dpu-restart.yaml", "--traffic", "builtin")
     assert [e["dpu"] for e in report["events"]] == ["dpu-a"]
     # Receiver-side: in no 2 s window did more than cap x window + burst cross, restart included.
     assert all(r["compliant"] for r in report["results"]), report["results"]
@@ -110,28 +104,7 @@ def test_window_mode_holds_exactly(tmp_path: Path, target: str) -> None:
         pytest.skip(reason)
     if target == "bmv2" and shutil.which("simple_switch_grpc") is None:
         pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
-    out = tmp_path / target
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dpu_limiter.cli",
-            "lab",
-            "run",
-            str(ROOT / "bmv2-lab/scenarios/window-smoke.yaml"),
-            "--out",
-            str(out),
-            "--target",
-            target,
-            "--traffic",
-            "builtin",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
+    report = run_lab(tmp_path, target, ROOT / "bmv2-lab/scenarios/window-smoke.yaml", "--traffic", "builtin")
     egress = next(r for r in report["results"] if (r["pod"], r["direction"]) == ("a", "egress"))
     assert egress["allowed_window_bytes"] == 4_000_000  # 8 Mbit/s x 4 s, no bucket on top
     assert 0.95 * 4_000_000 < egress["max_window_bytes"] <= 4_000_000

@@ -10,8 +10,7 @@ import grpc
 import pytest
 from finsy.proto import p4r
 
-from conftest import free_port, start_embedded
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from conftest import free_port, register, start_embedded
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from p4rt_helpers import connect, table_entry
@@ -64,17 +63,7 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
     try:
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24", "10.0.3.0/24"])
-            await c.register_dpu(
-                pb.Dpu(
-                    name="dpu-a",
-                    p4runtime_address=addr,
-                    device_id=1,
-                    pod="a",
-                    role=pb.DPU_ROLE_POD_UPLINK,
-                    host_port=0,
-                    uplink_port=1,
-                )
-            )
+            await register(c, "dpu-a", addr)
             await c.set_pod_cap("a", 20e6, 10e6, 10.0, 50_000)
             await c.wait_converged(timeout=30)
             async with grpc.aio.insecure_channel(addr) as channel:
@@ -127,17 +116,7 @@ async def test_drift_is_corrected_and_reported(tmp_path: Path) -> None:
     try:
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24"])
-            await c.register_dpu(
-                pb.Dpu(
-                    name="dpu-a",
-                    p4runtime_address=addr,
-                    device_id=1,
-                    pod="a",
-                    role=pb.DPU_ROLE_POD_UPLINK,
-                    host_port=0,
-                    uplink_port=1,
-                )
-            )
+            await register(c, "dpu-a", addr)
             await c.set_pod_cap("a", 20e6, 20e6, 10.0, 50_000)
             await c.wait_converged(timeout=30)
             assert (await c.status()).dpus[0].drift_corrections == 0

@@ -12,8 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import free_port, stop, wait_port
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from conftest import free_port, register, start_embedded, stop, wait_port
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.store import read_audit
@@ -67,45 +66,23 @@ async def test_roles_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
 
 async def test_p4runtime_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
     port = free_port()
-    target = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "p4sim.main",
-            "--device-id",
-            "1",
-            "--no-p4",
-            "--grpc-server-ssl",
-            "--grpc-server-cacert",
-            str(pki / "ca.pem"),
-            "--grpc-server-cert",
-            str(pki / "server.pem"),
-            "--grpc-server-key",
-            str(pki / "server.key"),
-            "--grpc-server-with-client-auth",
-            "--grpc-server-addr",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    tls = [
+        "--grpc-server-ssl",
+        "--grpc-server-cacert",
+        str(pki / "ca.pem"),
+        "--grpc-server-cert",
+        str(pki / "server.pem"),
+        "--grpc-server-key",
+        str(pki / "server.key"),
+        "--grpc-server-with-client-auth",
+    ]
+    target = start_embedded(port, tmp_path / "target.log", tls)
     plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", p4runtime_tls=client_tls(pki, "verifier"))
     try:
-        wait_port(port, target)
         await plane.start()
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24"])
-            await c.register_dpu(
-                pb.Dpu(
-                    name="dpu-a",
-                    p4runtime_address=f"127.0.0.1:{port}",
-                    device_id=1,
-                    pod="a",
-                    role=pb.DPU_ROLE_POD_UPLINK,
-                    host_port=0,
-                    uplink_port=1,
-                )
-            )
+            await register(c, "dpu-a", f"127.0.0.1:{port}")
             await c.set_pod_cap("a", 20e6, 20e6, 10.0)
             status = await c.wait_converged(timeout=30)
             assert status.dpus[0].converged

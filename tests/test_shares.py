@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, serve_in_process
+from conftest import ROOT, register, serve_in_process
 from dpu_lab.config import load_scenario
 from dpu_lab.virtual import VirtualLabRun
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap
 from dpu_limiter.server import ControlPlane
@@ -67,46 +66,16 @@ async def test_shrink_before_grow_and_a_dead_node_blocks_growth(tmp_path: Path) 
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24"])
             for i, (_, _, addr) in enumerate(served[:2]):
-                await c.register_dpu(
-                    pb.Dpu(
-                        name=f"n{i}",
-                        p4runtime_address=addr,
-                        device_id=1,
-                        pod="a",
-                        role=pb.DPU_ROLE_NODE,
-                        host_port=0,
-                        uplink_port=1,
-                    )
-                )
+                await register(c, f"n{i}", addr, node=True)
             await c.set_pod_cap("a", cap, cap, 10.0, 300_000)
             await c.wait_converged(timeout=30)
             assert _granted(devices) == pytest.approx(cap, rel=1e-6)  # two shares of 15 Mbit/s
             # A third node joins: 15 -> 10 Mbit/s for the first two, 0 -> 10 for the new one.
-            await c.register_dpu(
-                pb.Dpu(
-                    name="n2",
-                    p4runtime_address=served[2][2],
-                    device_id=1,
-                    pod="a",
-                    role=pb.DPU_ROLE_NODE,
-                    host_port=0,
-                    uplink_port=1,
-                )
-            )
+            await register(c, "n2", served[2][2], node=True)
             await c.wait_converged(timeout=30)
             assert _granted(devices) == pytest.approx(cap, rel=1e-6)
             # A fourth node that never answers: the others shrink to 7.5, nobody grows to 7.5.
-            await c.register_dpu(
-                pb.Dpu(
-                    name="n3",
-                    p4runtime_address="127.0.0.1:1",
-                    device_id=1,
-                    pod="a",
-                    role=pb.DPU_ROLE_NODE,
-                    host_port=0,
-                    uplink_port=1,
-                )
-            )
+            await register(c, "n3", "127.0.0.1:1", node=True)
             await asyncio.sleep(3)
             status = {d.name: d for d in (await c.status()).dpus}
             assert not status["n0"].converged  # the share change is still pending

@@ -9,8 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import serve_in_process
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from conftest import register, serve_in_process
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from p4rt_helpers import A_HOST, B_HOST, udp
@@ -23,17 +22,7 @@ async def _limited_pod(tmp_path: Path, address: str) -> ControlPlane:
     await plane.start()
     async with LimiterClient(plane.address) as c:
         await c.apply_pod("a", ["10.0.1.0/24"])
-        await c.register_dpu(
-            pb.Dpu(
-                name="dpu-a",
-                p4runtime_address=address,
-                device_id=1,
-                pod="a",
-                role=pb.DPU_ROLE_POD_UPLINK,
-                host_port=0,
-                uplink_port=1,
-            )
-        )
+        await register(c, "dpu-a", address)
         await c.set_pod_cap("a", 8 * 1000, 8 * 1000, 1.0, 3000)  # 1000 B/s, 3000-byte bucket
         await c.wait_converged(timeout=30)
     return plane

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -18,6 +19,7 @@ from netns_pair import NsPair, ip
 
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.server import ControlPlane
 from p4sim.server import Device, add_to_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,11 +57,22 @@ def can_netns() -> str | None:
     return None
 
 
-async def register(client: LimiterClient, name: str, address: str, pod: str = "a", node: bool = False) -> None:
+async def register(
+    client: LimiterClient, name: str, address: str, pod: str = "a", node: bool = False, buffer_bytes: int = 0
+) -> None:
     """Register a DPU through the API as the tests wire it: host port 0, uplink port 1."""
     role = pb.DPU_ROLE_NODE if node else pb.DPU_ROLE_POD_UPLINK
     await client.register_dpu(
-        pb.Dpu(name=name, p4runtime_address=address, device_id=1, pod=pod, role=role, host_port=0, uplink_port=1)
+        pb.Dpu(
+            name=name,
+            p4runtime_address=address,
+            device_id=1,
+            pod=pod,
+            role=role,
+            host_port=0,
+            uplink_port=1,
+            buffer_bytes=buffer_bytes,
+        )
     )
 
 
@@ -126,6 +139,28 @@ async def serve_in_process() -> tuple[Device, grpc.aio.Server, str]:
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return device, server, f"127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def programmed_target(
+    tmp_path: Path, cap: tuple[float, float, float, int], buffer_bytes: int = 0
+) -> AsyncIterator[tuple[Device, ControlPlane, LimiterClient]]:
+    """A control plane on loopback holding pod a (10.0.1.0/24) with `cap`, converged on an in-process
+    embedded target registered as dpu-a."""
+    device, server, addr = await serve_in_process()
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "dpu-a", addr, buffer_bytes=buffer_bytes)
+            await c.set_pod_cap("a", *cap)
+            await c.wait_converged(timeout=30)
+            assert device.pipeline is not None
+            yield device, plane, c
+    finally:
+        await plane.stop()
+        await server.stop(grace=0)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpu_lab.report import Flow, Phase, Report, Result, load_report, write_report
+from dpu_limiter.units import MAX_FRAME_BYTES
 
 
 def _report() -> Report:
@@ -32,7 +33,7 @@ def _series() -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
 
 def test_evaluate_computes_allowance_and_compliance() -> None:
     ok, over = _report().results
-    assert ok.allowed_window_bytes == 2_500_000 + 16_000
+    assert ok.allowed_window_bytes == 2_500_000 + 16_000 + MAX_FRAME_BYTES
     assert ok.compliant and not over.compliant
 
 

@@ -1,5 +1,6 @@
 """Validation names the field and value; the store keeps acknowledged state across reopen."""
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,26 @@ def test_store_refuses_duplicates_without_losing_state(tmp_path: Path) -> None:
     state = s.load()
     assert list(state.dpus) == ["dpu-a"] and state.dpus["dpu-a"].device_id == 1
     assert state.generation == 2
+
+
+def test_a_state_file_from_before_new_columns_opens_with_their_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE pods (name TEXT PRIMARY KEY, ipv4_prefixes TEXT NOT NULL);
+        CREATE TABLE dpus (name TEXT PRIMARY KEY, p4runtime_address TEXT NOT NULL, device_id INTEGER NOT NULL,
+            pod TEXT NOT NULL REFERENCES pods(name), role TEXT NOT NULL,
+            host_port INTEGER NOT NULL, uplink_port INTEGER NOT NULL);
+        CREATE TABLE caps (pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL,
+            ingress_bps REAL NOT NULL, window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
+        INSERT INTO pods VALUES ('a', '["10.0.1.0/24"]');
+        INSERT INTO dpus VALUES ('dpu-a', '127.0.0.1:9559', 1, 'a', 'pod-uplink', 0, 1);
+        INSERT INTO caps VALUES ('a', 2e7, 2e7, 10.0, 100000);
+        """
+    )
+    db.commit()
+    db.close()
+    st = Store(path).load()
+    assert st.dpus["dpu-a"] == Dpu("dpu-a", "127.0.0.1:9559", 1, "a", Role.POD_UPLINK, 0, 1, buffer_bytes=0)
+    assert st.caps["a"] == Cap(2e7, 2e7, 10.0, 100_000, rebalance=False, mode="rate")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ import grpc
 import pytest
 from finsy.proto import p4r
 
-from conftest import free_port, register, start_embedded
+from conftest import free_port, programmed_target, register, start_embedded
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from p4rt_helpers import connect, table_entry
@@ -52,6 +53,19 @@ async def _entries(channel: grpc.aio.Channel) -> list[p4r.Entity]:
     return await c.read(p4r.Entity(table_entry=p4r.TableEntry()))
 
 
+async def _eventually_entries(addr: str, count: int, timeout: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            async with grpc.aio.insecure_channel(addr) as channel:
+                if len(await _entries(channel)) == count:
+                    return True
+        except grpc.aio.AioRpcError:
+            pass  # no pipeline yet, or the target still starting
+        await asyncio.sleep(0.2)
+    return False
+
+
 async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: TargetProc) -> None:
     from finsy import P4MeterEntry, P4Schema
 
@@ -90,9 +104,9 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
             # The DPU restarts with nothing: the control plane puts pipeline, entries and meters back.
             target.kill()
             target.start()
-            await c.wait_converged(timeout=60)
-            async with grpc.aio.insecure_channel(addr) as channel:
-                assert len(await _entries(channel)) == 6
+            # Right after the restart the control plane may not have noticed yet (converged is old news):
+            # wait for what a user would look for, the entries back on the DPU.
+            assert await _eventually_entries(addr, 6, timeout=60)
 
             # A cap change is pushed; an exemption prefix removed from the pod disappears from the DPU.
             await c.apply_pod("a", ["10.0.1.0/24"])
@@ -108,33 +122,20 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
 
 
 async def test_drift_is_corrected_and_reported(tmp_path: Path) -> None:
-    from conftest import serve_in_process
-
-    device, server, addr = await serve_in_process()
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
-    await plane.start()
-    try:
-        async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            await register(c, "dpu-a", addr)
-            await c.set_pod_cap("a", 20e6, 20e6, 10.0, 50_000)
-            await c.wait_converged(timeout=30)
-            assert (await c.status()).dpus[0].drift_corrections == 0
-            # Someone changes the DPU behind the control plane's back: a crossing and a meter.
-            assert device.pipeline is not None
-            table = device.pipeline.program.tables["LimiterIngress.boundary"].table
-            table.remove(next(iter(table.entries.values())).match, 0)
-            device.pipeline.program.meters["LimiterIngress.boundary_meter"].set_p4runtime_config(
-                0, 10**9, 10**9, 10**9, 10**9
-            )
-            agent = plane.service.agents["dpu-a"]
-            assert await agent.wait_applied(agent.poke(), timeout=30)  # the periodic resync, sooner
-            st = (await c.status()).dpus[0]
-            assert st.drift_corrections == 1
-            assert "1 crossings restored" in st.last_drift and "1 meter cells rewritten" in st.last_drift
-            assert len(table.entries) == 2
-            cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
-            assert cfg == (2_500_000, 50_000, 2_500_000, 50_000)
-    finally:
-        await plane.stop()
-        await server.stop(grace=0)
+    async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
+        assert (await c.status()).dpus[0].drift_corrections == 0
+        # Someone changes the DPU behind the control plane's back: a crossing and a meter.
+        assert device.pipeline is not None
+        table = device.pipeline.program.tables["LimiterIngress.boundary"].table
+        table.remove(next(iter(table.entries.values())).match, 0)
+        device.pipeline.program.meters["LimiterIngress.boundary_meter"].set_p4runtime_config(
+            0, 10**9, 10**9, 10**9, 10**9
+        )
+        agent = plane.service.agents["dpu-a"]
+        assert await agent.wait_applied(agent.poke(), timeout=30)  # the periodic resync, sooner
+        st = (await c.status()).dpus[0]
+        assert st.drift_corrections == 1
+        assert "1 crossings restored" in st.last_drift and "1 meter cells rewritten" in st.last_drift
+        assert len(table.entries) == 2
+        cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
+        assert cfg == (2_500_000, 50_000, 2_500_000, 50_000)

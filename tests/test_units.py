@@ -55,8 +55,8 @@ def test_default_burst() -> None:
 
 
 def test_allowed_window_bytes() -> None:
-    assert allowed_window_bytes(20e6, 10, 2_500_000) == 25_000_000 + 2_500_000
-    assert allowed_window_bytes(1e9, 60, 0) == 7_500_000_000
+    assert allowed_window_bytes(20e6, 10, 2_500_000) == 25_000_000 + 2_500_000 + 1518
+    assert allowed_window_bytes(1e9, 60, 0) == 7_500_000_000 + 1518
 
 
 @pytest.mark.parametrize(

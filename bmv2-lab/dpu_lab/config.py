@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -188,12 +188,37 @@ class FlowSpec(_Model):
 
 
 class EventSpec(_Model):
-    """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts."""
+    """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
+
+    restart-dpu (real time): the DPU's target process dies and comes back empty after `down_s`.
+    compromise (virtual time): the DPU's own firmware tampers with it as `how` says, and with
+    `forge` also lies to the controller (compromise.py).
+    """
 
     at_s: float = Field(ge=0)
-    action: Literal["restart-dpu"]  # the DPU's target process dies and comes back empty
+    action: Literal["restart-dpu", "compromise"]
     dpu: str
-    down_s: float = Field(default=1.0, ge=0, le=600)  # how long it stays dead
+    down_s: float = Field(default=1.0, ge=0, le=600)
+    how: Literal["raise-meter", "delete-meter", "forward-unclassified"] | None = None
+    forge: bool = False
+
+    @model_validator(mode="after")
+    def _how(self) -> EventSpec:
+        if self.action == "compromise" and self.how is None:
+            raise ValueError("how: a compromise needs how (raise-meter, delete-meter or forward-unclassified)")
+        if self.action != "compromise" and (self.how is not None or self.forge):
+            raise ValueError(f"how, forge: only a compromise takes them, not {self.action}")
+        return self
+
+
+AuditCheck = Literal["read-back", "router-count", "conservation"]
+
+
+class AuditSpec(_Model):
+    """The verifier's audit beside the control plane (virtual time): which checks, how often."""
+
+    interval_s: float = Field(default=1.0, gt=0, le=3600)
+    checks: list[AuditCheck] = Field(default_factory=lambda: list(get_args(AuditCheck)), min_length=1)
 
 
 class PhaseSpec(_Model):
@@ -212,6 +237,7 @@ class Scenario(_Model):
     topology: Topology
     caps: list[CapSpec]
     phases: list[PhaseSpec] = Field(min_length=1)
+    audit: AuditSpec | None = None
 
     @model_validator(mode="after")
     def _refs(self) -> Scenario:

@@ -5,17 +5,18 @@ Shared by the real-time lab (namespaces, processes) and the virtual-time lab (si
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.units import default_burst_bytes
+from dpu_limiter.units import allowed_window_bytes, default_burst_bytes
 
 from . import measure
 from .capture import Capture
-from .config import Scenario
+from .config import CapSpec, Scenario
 from .report import Direction, Flow, Phase, Report, Result
 
 PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
@@ -24,20 +25,33 @@ PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE}
 
 
-async def configure(client: LimiterClient, sc: Scenario, dpus: list[tuple[str, str, str, str, int]]) -> None:
-    """Declare pods, register each limiter (name, role, pod, P4Runtime address, device id), set caps, wait."""
+@dataclass(frozen=True)
+class LabDpu:
+    """A limiter of the lab as the control plane is told of it."""
+
+    name: str
+    role: str
+    pod: str
+    address: str
+    device_id: int
+    buffer_bytes: int = 0  # its target's queues after the meter (targets.BUFFER_BYTES)
+
+
+async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> None:
+    """Declare pods, register each limiter, set caps, wait until every DPU holds them."""
     for pod in sc.topology.pods:
         await client.apply_pod(pod.name, [pod.subnet])
-    for name, role, pod_name, address, device_id in dpus:
+    for d in dpus:
         await client.register_dpu(
             pb.Dpu(
-                name=name,
-                p4runtime_address=address,
-                device_id=device_id,
-                pod=pod_name,
-                role=ROLES[role],
+                name=d.name,
+                p4runtime_address=d.address,
+                device_id=d.device_id,
+                pod=d.pod,
+                role=ROLES[d.role],
                 host_port=0,
                 uplink_port=1,
+                buffer_bytes=d.buffer_bytes,
             )
         )
     for cap in sc.caps:
@@ -62,6 +76,18 @@ async def dpu_counters(addr: str) -> list[dict[str, object]]:
 def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
     """(direction, rate) pairs of a cap."""
     return [("egress", egress), ("ingress", ingress)]
+
+
+def cap_burst(cap: CapSpec) -> int:
+    """The bucket a cap allows on top of its rate: its burst (or the default); none in window mode."""
+    if cap.mode == "window":
+        return 0  # window mode is exact: the allowance is the budget itself
+    return cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
+
+
+def allowance_bytes(cap: CapSpec, rate: float) -> int:
+    """Most bytes allowed in any window of the cap's length in one direction (report.json's rule)."""
+    return allowed_window_bytes(rate, cap.window_s, cap_burst(cap))
 
 
 def evaluate(
@@ -105,8 +131,7 @@ def evaluate(
                 t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
             mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
             total = int(np.sum(bins)) if len(bins) else 0
-            # Window mode is exact: the allowance is the budget itself, with no bucket on top.
-            burst = 0 if cap.mode == "window" else cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
+            burst = cap_burst(cap)
             results.append(
                 Result.evaluate(
                     pod.name,

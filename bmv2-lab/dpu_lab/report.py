@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 from matplotlib.figure import Figure
 
+from dpu_limiter.units import allowed_window_bytes
+
 Target = Literal["embedded", "bmv2"]
 Direction = Literal["egress", "ingress"]
 Protocol = Literal["udp", "tcp"]
@@ -56,8 +58,8 @@ class Result:
         max_window_bytes: int,
         delivered_bps: float,
     ) -> Result:
-        """Build a result, allowing cap/8 x window plus the meter's burst bytes."""
-        allowed = int(cap_bps * window_s / 8) + burst_bytes
+        """Build a result: the allowance is cap/8 x window, the meter's burst bytes and one frame."""
+        allowed = allowed_window_bytes(cap_bps, window_s, burst_bytes)
         return cls(
             pod=pod,
             direction=direction,
@@ -112,6 +114,7 @@ class Report:
     # for comparison with the receiver-side figures above, which are what compliance is judged on.
     dpu_counters: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # faults injected during the run
+    audit: dict[str, Any] | None = None  # the verifier's audit: alerts, detection (audit.Auditor.summary)
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -139,6 +142,7 @@ class Report:
             time=str(data.get("time", "real")),
             dpu_counters=list(data.get("dpu_counters", [])),
             events=list(data.get("events", [])),
+            audit=data.get("audit"),
         )
 
 
@@ -155,6 +159,8 @@ def write_report(out_dir: Path, report: Report, series: PlotSeries) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     plot_throughput(report, series).savefig(out_dir / "throughput.png", dpi=100)
+    if report.audit is not None:
+        plot_detection(report, series).savefig(out_dir / "detection.png", dpi=100)
     (out_dir / "summary.md").write_text(summary_markdown(report))
 
 
@@ -192,6 +198,48 @@ def plot_throughput(report: Report, series: PlotSeries) -> Figure:
         ax.legend(loc="lower right", fontsize=8)
     axes[-1].set_xlabel("time (s)")
     fig.suptitle(f"{report.scenario} ({report.target})")
+    return fig
+
+
+def plot_detection(report: Report, series: PlotSeries) -> Figure:
+    """Return the detection timeline: delivered throughput above, the audit's alerts per check below."""
+    assert report.audit is not None
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    top, lanes = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    # Effective inter-pod bandwidth: what left each capped pod, measured at the receivers.
+    peak = 0.0
+    egress = [r for r in report.results if r.direction == "egress"]
+    for result in egress:
+        times, bps = series.get((result.pod, result.direction), (np.zeros(0), np.zeros(0)))
+        (line,) = top.plot(times, bps / 1e6, drawstyle="steps-post", label=f"{result.pod} egress")
+        top.axhline(result.cap_bps / 1e6, color=line.get_color(), linestyle="--", lw=1)
+        peak = max(peak, float(bps.max(initial=0.0)))
+    lowest_cap = min((r.cap_bps for r in egress), default=1e6)
+    top.set_ylim(0, 1.3 * max(peak, lowest_cap) / 1e6)  # a far higher cap elsewhere would flatten the rest
+    top.set_ylabel("delivered (Mbit/s)")
+    top.legend(loc="upper left", fontsize=8)
+    checks = list(report.audit["checks"])
+    for i, check in enumerate(checks):
+        hits = [a for a in report.audit["alerts"] if a["check"] == check]
+        lanes.scatter([a["t_s"] for a in hits], [i] * len(hits), marker="v", s=60, zorder=3)
+        for k, a in enumerate(hits):  # alerts at one instant are stacked so that their labels stay apart
+            lanes.annotate(
+                f" {a['where']}", (a["t_s"], i), xytext=(4, 8 * k - 4), textcoords="offset points", fontsize=7
+            )
+    lanes.set_yticks(range(len(checks)), checks)
+    lanes.set_ylim(-0.7, len(checks) - 0.3)
+    lanes.set_xlabel("time (s)")
+    for ax in (top, lanes):
+        for ev in report.events:
+            ax.axvline(float(ev["t_s"]), color="red", ls=":", lw=1.5)
+    for ev in report.events:
+        what = f"{ev.get('how', ev['action'])}{' (forged)' if ev.get('forge') else ''}"
+        top.text(
+            float(ev["t_s"]), 0.97, f" {ev['dpu']}: {what}", transform=top.get_xaxis_transform(), va="top", fontsize=8
+        )
+    ttd = report.audit["time_to_detection_s"]
+    found = f"detected after {ttd:g} s" if ttd is not None else "not detected"
+    fig.suptitle(f"{report.scenario}: audit every {report.audit['interval_s']:g} s, {found}")
     return fig
 
 
@@ -243,5 +291,21 @@ def summary_markdown(report: Report) -> str:
             f"| {u.get('green_bytes', 0)} | {u.get('red_bytes', 0)} |"
             for u in report.dpu_counters
         ]
+    if report.audit is not None:
+        a = report.audit
+        ttd = a["time_to_detection_s"]
+        lines += [
+            "",
+            "## The verifier's audit",
+            "",
+            f"Checks every {a['interval_s']:g} s: {', '.join(a['checks'])}. "
+            f"Compromises: {len(a['compromises'])}; detected: {'yes' if a['detected'] else 'no'}"
+            + (f" after {ttd:g} s by {', '.join(a['detected_by'])}" if ttd is not None else "")
+            + f"; false alarms: {a['false_alarms']}.",
+            "",
+            "| time (s) | check | where | what |",
+            "|---:|---|---|---|",
+        ]
+        lines += [f"| {x['t_s']:g} | {x['check']} | {x['where']} | {x['detail']} |" for x in a["alerts"]]
     lines += ["", f"Cap held: {'yes' if report.cap_held else 'no'}", ""]
     return "\n".join(lines)

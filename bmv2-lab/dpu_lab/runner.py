@@ -24,11 +24,11 @@ from rich.console import Console
 from dpu_limiter.client import LimiterClient
 
 from .capture import load_capture
-from .config import EventSpec, Scenario
-from .evaluate import configure, dpu_counters, evaluate
+from .config import ConfigError, EventSpec, Scenario
+from .evaluate import LabDpu, configure, dpu_counters, evaluate
 from .netns import LabNetwork, check_prerequisites
 from .report import Flow, Phase, Report, write_report
-from .targets import TargetKind, TargetProcess, free_port, start_target
+from .targets import BUFFER_BYTES, TargetKind, TargetProcess, free_port, start_target
 
 BASE_PORT = 5201
 START_DELAY_S = 1.5  # senders start together this long after their commands are issued
@@ -61,6 +61,10 @@ class LabRun:
 
     def run(self) -> Report:
         """Run the scenario end to end."""
+        virtual_only = [e.dpu for ph in self.scenario.phases for e in ph.events if e.action == "compromise"]
+        if virtual_only or self.scenario.audit is not None:
+            what = f"compromise events ({', '.join(virtual_only)})" if virtual_only else "the audit"
+            raise ConfigError(f"{what}: modelled in virtual time only for now; use --time virtual")
         check_prerequisites()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
@@ -142,7 +146,7 @@ class LabRun:
                         raise
                     await asyncio.sleep(0.1)
             dpus = [
-                (lim.name, lim.role, lim.pod, tp.address, tp.device_id)
+                LabDpu(lim.name, lim.role, lim.pod, tp.address, tp.device_id, BUFFER_BYTES[tp.kind])
                 for tp, lim in zip(self.targets, self.net.limiters, strict=True)
             ]
             await configure(client, sc, dpus)

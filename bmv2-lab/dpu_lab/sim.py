@@ -154,6 +154,8 @@ class SimNetwork:
     uplink_bps: float = DEFAULT_UPLINK_BPS
     receivers: dict[str, Receiver] = field(default_factory=dict)
     dropped_no_route: int = 0
+    # The router's own byte counts per (pod, direction), in 1 ms bins: the verifier's, not the DPUs'.
+    router_counts: dict[tuple[str, str], Timeline] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         topo = self.topology
@@ -235,7 +237,19 @@ class SimNetwork:
         if pod is None:
             self.dropped_no_route += 1
             return
+        t_s = self.engine.now_ns / NS
+        src = self.pod_of_ip(frame[26:30])
+        if src != pod:
+            if src is not None:
+                self._count(src, "egress", t_s, len(frame))
+            self._count(pod, "ingress", t_s, len(frame))
         self._router_down[pod].send(frame)
+
+    def _count(self, pod: str, direction: str, t_s: float, nbytes: int) -> None:
+        tl = self.router_counts.get((pod, direction))
+        if tl is None:
+            tl = self.router_counts[(pod, direction)] = Timeline(0.001)
+        tl.add(t_s, nbytes)
 
     def _host_in(self, host: str) -> Callable[[bytes], None]:
         rx = self.receivers[host]

@@ -15,8 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from dpu_limiter.units import MAX_FRAME_BYTES
+
 TargetKind = Literal["embedded", "bmv2"]
 BMV2_BINARY = "simple_switch_grpc"
+
+# Most bytes each target holds after limiter.p4's meter, which runs in the ingress pipeline. bmv2's
+# simple_switch queues up to 64 frames per egress port and 128 in its output buffer, plus one in
+# each of its egress and transmit threads (targets/simple_switch/simple_switch.cpp); when those
+# queues drain after a stall, a receiver sees them in less time than the meter took to pass them.
+# The embedded target sends each frame before it reads the next.
+BUFFER_BYTES: dict[TargetKind, int] = {"embedded": 0, "bmv2": (64 + 128 + 2) * MAX_FRAME_BYTES}
 
 
 class TargetError(RuntimeError):

@@ -17,8 +17,10 @@ from dpu_limiter.server import ControlPlane
 from p4sim.clock import VirtualClock
 from p4sim.server import Device, add_to_server
 
-from .config import ConfigError, FlowSpec, Scenario
-from .evaluate import configure, dpu_counters, evaluate
+from .audit import Auditor
+from .compromise import compromise
+from .config import ConfigError, EventSpec, FlowSpec, Scenario
+from .evaluate import LabDpu, configure, dpu_counters, evaluate
 from .report import Flow, Phase, Report, write_report
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 
@@ -26,6 +28,7 @@ BASE_PORT = 5201
 START_S = 0.1  # traffic starts a little after time zero, like the real lab's start delay
 LINGER_S = 0.05
 REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
+NEVER_S = 1e6  # "never" within any run (a far larger timeout upsets the gRPC event loop)
 
 
 def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
@@ -56,6 +59,11 @@ class VirtualLabRun:
             raise ConfigError(
                 f"TCP flows are not modelled in virtual time yet ({', '.join(tcp)}); use --time real, or UDP flows"
             )
+        restarts = [e.dpu for ph in self.scenario.phases for e in ph.events if e.action == "restart-dpu"]
+        if restarts:
+            raise ConfigError(
+                f"restart-dpu events are not modelled in virtual time yet ({', '.join(restarts)}); use --time real"
+            )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
         return asyncio.run(self._run())
@@ -68,11 +76,14 @@ class VirtualLabRun:
         clock = VirtualClock()
         devices: dict[str, Device] = {}
         servers: list[grpc.aio.Server] = []
-        dpus: list[tuple[str, str, str, str, int]] = []
+        dpus: list[LabDpu] = []
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
-        # No real-time rebalancing loop: between simulation steps, rebalancing runs on simulated time.
-        plane = ControlPlane(db, "127.0.0.1:0", rebalance_interval_s=REBALANCE_S, rebalance_loop=False)
+        # No real-time rebalancing loop and no periodic read-back: between simulation steps, rebalancing
+        # and the audit run on simulated time, so a run does not depend on how fast this machine is.
+        plane = ControlPlane(
+            db, "127.0.0.1:0", rebalance_interval_s=REBALANCE_S, rebalance_loop=False, resync_s=NEVER_S
+        )
         try:
             for name, role, pod_name in limiters_of(sc):
                 device = Device(len(devices) + 1, clock)
@@ -81,7 +92,7 @@ class VirtualLabRun:
                 port = server.add_insecure_port("127.0.0.1:0")
                 await server.start()
                 devices[name], servers = device, [*servers, server]
-                dpus.append((name, role, pod_name, f"127.0.0.1:{port}", len(devices)))
+                dpus.append(LabDpu(name, role, pod_name, f"127.0.0.1:{port}", len(devices)))
             await plane.start()
             async with LimiterClient(plane.address) as client:
                 await configure(client, sc, dpus)
@@ -118,16 +129,31 @@ class VirtualLabRun:
             t += ph.duration_s
         end_ns = int((t + LINGER_S) * NS)
         cpu0, wall0 = time.process_time(), time.monotonic()
-        # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
         rebalancing = [c.pod for c in sc.caps if c.rebalance]
-        step_ns = int(REBALANCE_S * NS) if rebalancing else end_ns
-        t_ns = 0
-        while t_ns < end_ns:
-            t_ns = min(t_ns + step_ns, end_ns)
+        auditor = None
+        if sc.audit is not None:
+            agents = plane.service.agents
+            pods_of = {name: agents[name].dpu.pod for name in devices}
+            auditor = Auditor(sc, net.router_counts, agents, pods_of, checks=sc.audit.checks)
+        plan = _stops(sc, end_ns, REBALANCE_S if rebalancing else None, sc.audit.interval_s if sc.audit else None)
+        compromises: list[dict[str, object]] = []
+        for t_ns, todo in plan:
+            # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
             await asyncio.to_thread(engine.run, t_ns)
-            for pod in rebalancing:  # the control plane acts in no simulated time
-                if await plane.service.rebalance_pod(pod, t_ns / NS):
-                    await plane.service.settle(pod)
+            # The control plane, the audit and compromised firmware act in no simulated time.
+            if "rebalance" in todo:
+                for pod in rebalancing:
+                    if await plane.service.rebalance_pod(pod, t_ns / NS):
+                        await plane.service.settle(pod)
+            if "audit" in todo and auditor is not None:
+                await auditor.tick(t_ns / NS)
+            for ev in todo.get("events", []):
+                assert isinstance(ev, EventSpec) and ev.how is not None
+                compromise(devices[ev.dpu], ev.how, ev.forge)
+                compromises.append(
+                    {"t_s": t_ns / NS, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
+                )
+                self._say(f"t={t_ns / NS:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
         self.stats = {
             "virtual_s": end_ns / NS,
             "cpu_s": time.process_time() - cpu0,
@@ -157,4 +183,29 @@ class VirtualLabRun:
         duration = sum(ph.duration_s for ph in sc.phases)
         report, series = evaluate(sc, net.captures(), phases, flows, 0.0, duration, "embedded", "simulated")
         report.time = "virtual"
+        report.events = compromises
+        if auditor is not None and sc.audit is not None:
+            report.audit = auditor.summary(sc.audit.interval_s, compromises)
+            found = report.audit["alerts"]
+            self._say(
+                f"audit: {len(found)} alert(s)"
+                + "".join(f"\n  {a['t_s']:.1f} s {a['check']} {a['where']}: {a['detail']}" for a in found)
+            )
         return report, series
+
+
+def _stops(
+    sc: Scenario, end_ns: int, rebalance_s: float | None, audit_s: float | None
+) -> list[tuple[int, dict[str, list[object]]]]:
+    """Simulated instants where the simulation pauses, each with what happens then, in time order."""
+    stops: dict[int, dict[str, list[object]]] = {end_ns: {}}
+    for what, every in (("rebalance", rebalance_s), ("audit", audit_s)):
+        if every is not None:
+            for k in range(1, int(end_ns / (every * NS)) + 1):
+                stops.setdefault(int(k * every * NS), {})[what] = []
+    start = START_S
+    for ph in sc.phases:
+        for ev in ph.events:
+            stops.setdefault(int((start + ev.at_s) * NS), {}).setdefault("events", []).append(ev)
+        start += ph.duration_s
+    return sorted((t, todo) for t, todo in stops.items() if t <= end_ns)

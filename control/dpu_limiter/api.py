@@ -93,6 +93,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
                     ROLE_FROM_PB[d.role],
                     d.host_port,
                     d.uplink_port if d.uplink_port or d.host_port else 1,
+                    d.buffer_bytes,
                 )
             )
             return dpu_to_pb(await self.service.register_dpu(dpu, actor))

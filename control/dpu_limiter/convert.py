@@ -28,6 +28,7 @@ def dpu_to_pb(d: Dpu) -> pb.Dpu:
         role=ROLE_TO_PB[d.role],
         host_port=d.host_port,
         uplink_port=d.uplink_port,
+        buffer_bytes=d.buffer_bytes,
     )
 
 

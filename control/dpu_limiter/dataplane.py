@@ -11,8 +11,8 @@ from pathlib import Path
 import finsy as fy
 from finsy.proto import p4r
 
-from .models import Cap, Dpu, Pod
-from .units import MAX_PI_BURST, MeterParams, cap_meter
+from .models import Cap, Dpu, InvalidArgument, Pod
+from .units import MAX_FRAME_BYTES, MAX_PI_BURST, MeterParams, cap_meter
 
 TABLE_BOUNDARY = "LimiterIngress.boundary"
 ACTION_CROSS = "LimiterIngress.cross"
@@ -76,6 +76,41 @@ class Intent:
     boundary: tuple[tuple[int, int, int], ...]  # (ingress_port, egress_port, cell)
 
 
+def allowances(dpu: Dpu, cap: Cap) -> dict[str, int]:
+    """Bytes beyond the rate that `dpu` may pass per direction: its bucket, or in window mode its budget.
+
+    Both are the cap's figure less the DPU's buffer after its meter (never below 0: fail closed), so
+    that what leaves the DPU's queues in any window stays within the cap's allowance.
+    """
+    if cap.mode == "window":
+        figures = {d: window_params(getattr(cap, f"{d}_bps"), cap.window_s)[0] for d in CELLS}
+    else:
+        figures = dict.fromkeys(CELLS, cap.burst_bytes)
+    return {d: max(0, b - dpu.buffer_bytes) for d, b in figures.items()}
+
+
+def check_fits(dpu: Dpu, cap: Cap, what: str, blame_dpu: bool = False) -> None:
+    """Raise InvalidArgument when `dpu`'s buffer leaves less than one frame of `cap` (`what` names it).
+
+    The error names the DPU's buffer when `blame_dpu` (the DPU is what is being added), else the cap.
+    """
+    smallest = min(allowances(dpu, cap).values())
+    if smallest < MAX_FRAME_BYTES:
+        value: float
+        if blame_dpu:
+            field, value = "dpu.buffer_bytes", dpu.buffer_bytes
+        elif cap.mode == "window":
+            field, value = "cap.window_s", cap.window_s
+        else:
+            field, value = "cap.burst_bytes", cap.burst_bytes
+        raise InvalidArgument(
+            field,
+            value,
+            f"{what} on DPU {dpu.name!r}, less its buffer of {dpu.buffer_bytes} bytes after the meter, "
+            f"leaves {smallest} bytes, less than one {MAX_FRAME_BYTES}-byte frame",
+        )
+
+
 def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None) -> Intent:
     """Desired data-plane state of `dpu` given its pod and the pod's cap (if any)."""
     windows: dict[int, tuple[int, int]] = {}
@@ -83,15 +118,13 @@ def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None) -> Intent:
         meters = {CELLS["egress"]: FLOOR, CELLS["ingress"]: FLOOR}
     elif cap.mode == "window":
         meters = {CELLS["egress"]: OPEN_METER, CELLS["ingress"]: OPEN_METER}
+        budgets = allowances(dpu, cap)
         windows = {
-            CELLS["egress"]: window_params(cap.egress_bps, cap.window_s),
-            CELLS["ingress"]: window_params(cap.ingress_bps, cap.window_s),
+            cell: (budgets[d], window_params(getattr(cap, f"{d}_bps"), cap.window_s)[1]) for d, cell in CELLS.items()
         }
     else:
-        meters = {
-            CELLS["egress"]: cap_meter(cap.egress_bps, cap.burst_bytes, "cap.egress_bps"),
-            CELLS["ingress"]: cap_meter(cap.ingress_bps, cap.burst_bytes, "cap.ingress_bps"),
-        }
+        bursts = allowances(dpu, cap)
+        meters = {cell: cap_meter(getattr(cap, f"{d}_bps"), bursts[d], f"cap.{d}_bps") for d, cell in CELLS.items()}
     boundary = (
         (dpu.host_port, dpu.uplink_port, CELLS["egress"]),
         (dpu.uplink_port, dpu.host_port, CELLS["ingress"]),

@@ -84,6 +84,7 @@ def load_manifest(path: Path) -> Manifest:
                 role_v,
                 _int(item, "host_port", where, 0),
                 _int(item, "uplink_port", where, 1),
+                _int(item, "buffer_bytes", where, 0),
             )
             m.dpus.append(Dpu.validated(dpu, where))
         for i, item in enumerate(_items(doc, "caps", path)):

@@ -99,6 +99,10 @@ class Dpu:
     role: Role = Role.POD_UPLINK
     host_port: int = 0
     uplink_port: int = 1
+    # Most bytes the DPU can hold between its meter and the wire (queues after the meter). Bytes it
+    # releases in a window can exceed what its meter passed by this much, so the controller programs
+    # every allowance this much smaller and the cap still holds where it is measured, at the receiver.
+    buffer_bytes: int = 0
 
     @staticmethod
     def validated(dpu: Dpu, field_prefix: str = "dpu") -> Dpu:
@@ -114,6 +118,8 @@ class Dpu:
                 raise InvalidArgument(f"{field_prefix}.{fname}", port, "must be a data-plane port in 0..510")
         if dpu.host_port == dpu.uplink_port:
             raise InvalidArgument(f"{field_prefix}.uplink_port", dpu.uplink_port, "must differ from host_port")
+        if not 0 <= dpu.buffer_bytes <= MAX_PI_BURST:
+            raise InvalidArgument(f"{field_prefix}.buffer_bytes", dpu.buffer_bytes, f"must be in 0..{MAX_PI_BURST}")
         return dpu
 
 

@@ -54,8 +54,10 @@ class DpuAgent:
         intent_fn: Callable[[], tuple[int, dp.Intent]],
         election_id: int = ELECTION_ID,
         tls: TlsFiles | None = None,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.dpu = dpu
+        self.resync_s = resync_s  # read-back period when nothing changes
         self.intent_fn = intent_fn
         self.status = AgentStatus()
         self._changed = asyncio.Event()
@@ -103,9 +105,16 @@ class DpuAgent:
 
     async def wait_converged(self, generation: int, timeout: float) -> bool:
         """Wait until this DPU has applied `generation` (or later)."""
-        return await self._wait_for(
-            lambda: self.status.generation_applied >= generation and self.status.converged, timeout
-        )
+        return await self._wait_for(lambda: self.holds(generation), timeout)
+
+    def holds(self, generation: int) -> bool:
+        """Converged on `generation`, or on an intent that the writes since did not change.
+
+        A write to one pod does not make the other pods' DPUs reconcile; they hold the current
+        generation all the same.
+        """
+        st = self.status
+        return st.converged and (st.generation_applied >= generation or self._applied_intent == self.intent_fn()[1])
 
     async def _wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
         async def _wait() -> None:
@@ -141,7 +150,7 @@ class DpuAgent:
                     self.status.last_error = str(exc)
                     LOG.warning("reconcile %s failed: %s", self.dpu.name, exc)
                 try:
-                    await asyncio.wait_for(self._changed.wait(), RESYNC_S)
+                    await asyncio.wait_for(self._changed.wait(), self.resync_s)
                 except TimeoutError:
                     pass
         finally:

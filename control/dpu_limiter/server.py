@@ -12,6 +12,7 @@ import grpc
 from . import api
 from .dataplane import ProgramFiles
 from .metrics import MetricsEndpoint
+from .reconciler import RESYNC_S
 from .service import LimiterService
 from .store import Store
 from .tls import TlsFiles
@@ -33,6 +34,7 @@ class ControlPlane:
         p4runtime_tls: TlsFiles | None = None,
         rebalance_interval_s: float = 2.0,
         rebalance_loop: bool = True,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.store = Store(db_path)
         self.service = LimiterService(
@@ -41,6 +43,7 @@ class ControlPlane:
             p4runtime_tls=p4runtime_tls,
             rebalance_interval_s=rebalance_interval_s,
             rebalance_loop=rebalance_loop,
+            resync_s=resync_s,
         )
         self.server = grpc.aio.server()
         api.add_to_server(self.server, self.service, mtls=tls is not None)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from . import dataplane as dp
 from . import shares
 from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
-from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
+from .reconciler import ELECTION_ID, RESYNC_S, AgentStatus, DpuAgent
 from .store import Store
 from .tls import TlsFiles
 
@@ -51,8 +51,10 @@ class LimiterService:
         p4runtime_tls: TlsFiles | None = None,
         rebalance_interval_s: float = 2.0,
         rebalance_loop: bool = True,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.store = store
+        self.resync_s = resync_s
         self.p4runtime_tls = p4runtime_tls
         self.program = program or dp.limiter_program()
         self.election_id = election_id
@@ -95,7 +97,7 @@ class LimiterService:
             cap = self.shares.get(dpu.name) if dpu.role == Role.NODE else st.caps.get(dpu.pod)
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap)
 
-        agent = DpuAgent(dpu, self.program, intent, self.election_id, self.p4runtime_tls)
+        agent = DpuAgent(dpu, self.program, intent, self.election_id, self.p4runtime_tls, self.resync_s)
         self.agents[dpu.name] = agent
         agent.start()
 
@@ -151,6 +153,23 @@ class LimiterService:
     def _nodes(self, pod: str) -> list[str]:
         return sorted(d.name for d in self.state.dpus.values() if d.pod == pod and d.role == Role.NODE)
 
+    def _buffer(self, nodes: list[str]) -> int:
+        """The largest buffer after the meter among `nodes`."""
+        return max((self.state.dpus[n].buffer_bytes for n in nodes), default=0)
+
+    @staticmethod
+    def _check_fits(cap: Cap | None, dpus: list[Dpu], blame_dpu: bool = False) -> None:
+        """Refuse a cap (or DPU set) under which some DPU's buffer would leave it less than one frame."""
+        if cap is None:
+            return
+        nodes = sorted(d.name for d in dpus if d.role == Role.NODE)
+        for d in dpus:
+            if d.role != Role.NODE:
+                dp.check_fits(d, cap, "the pod's cap", blame_dpu)
+            elif not cap.rebalance:  # rebalancing buckets leave room for buffers by construction
+                share = shares.split(cap, nodes)[d.name]
+                dp.check_fits(d, share, f"an equal share of the pod's cap ({len(nodes)} nodes)", blame_dpu)
+
     def _target(self, pod: str, nodes: list[str]) -> dict[str, Cap | None]:
         """What each node DPU of `pod` should be granted: nothing, static equal shares, or by demand."""
         cap = self.state.caps.get(pod)
@@ -162,7 +181,7 @@ class LimiterService:
         equal = shares.split(cap, nodes)
         if cap.rebalance and nodes:
             # Small buckets from the start: the refill bound counts the initial grants too.
-            burst, _ = shares.node_burst(cap, len(nodes), self.rebalance_interval_s)
+            burst, _ = shares.node_burst(cap, len(nodes), self.rebalance_interval_s, self._buffer(nodes))
             return {n: dataclasses.replace(c, burst_bytes=burst) for n, c in equal.items()}
         return dict(equal)
 
@@ -200,7 +219,7 @@ class LimiterService:
             demand_e[n], demand_i[n] = (e - prev[1]) * 8 / dt, (i - prev[2]) * 8 / dt
         if sorted(demand_e) != nodes:
             return False  # a first sample: nothing to compare with yet
-        burst, allowed = shares.node_burst(cap, len(nodes), self.rebalance_interval_s)
+        burst, allowed = shares.node_burst(cap, len(nodes), self.rebalance_interval_s, self._buffer(nodes))
         recent = [t for t in self._changes.get(pod, []) if t > now_s - cap.window_s]
         if len(recent) >= allowed:
             return False  # another refill now could exceed the window's allowance
@@ -253,6 +272,8 @@ class LimiterService:
                         dpu.p4runtime_address,
                         f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
                     )
+            members = [d for d in self.state.dpus.values() if d.pod == dpu.pod]
+            self._check_fits(self.state.caps.get(dpu.pod), [*members, dpu], blame_dpu=True)
             await asyncio.to_thread(self.store.add_dpu, dpu, actor)
             self.state = await asyncio.to_thread(self.store.load)
             self._start_agent(dpu)
@@ -265,6 +286,7 @@ class LimiterService:
         async with self._lock:
             if pod not in self.state.pods:
                 raise InvalidArgument("pod", pod, "unknown pod")
+            self._check_fits(cap, [d for d in self.state.dpus.values() if d.pod == pod])
             await asyncio.to_thread(self.store.put_cap, pod, cap, actor)
             self.state = await asyncio.to_thread(self.store.load)
         self._poke_pod(pod)
@@ -284,10 +306,13 @@ class LimiterService:
     def status(self) -> dict[str, AgentStatus]:
         """Every agent's last status; a node DPU whose pod is mid-reshare is not converged yet."""
         out = {}
+        gen = self.state.generation
         for name, a in self.agents.items():
             st = a.status
             if a.dpu.role == Role.NODE and self.resharing(a.dpu.pod):
                 st = dataclasses.replace(st, converged=False)
+            elif st.generation_applied < gen and a.holds(gen):
+                st = dataclasses.replace(st, generation_applied=gen)
             out[name] = st
         return out
 

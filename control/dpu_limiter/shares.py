@@ -9,6 +9,7 @@ more than the cap, also while a change is half applied.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from .models import Cap
@@ -23,7 +24,13 @@ def split(cap: Cap, nodes: list[str]) -> dict[str, Cap]:
     def share_bps(rate_bps: float) -> float:
         return (int(rate_bps / 8) // n) * 8.0
 
-    one = Cap(share_bps(cap.egress_bps), share_bps(cap.ingress_bps), cap.window_s, cap.burst_bytes // n)
+    one = dataclasses.replace(
+        cap,
+        egress_bps=share_bps(cap.egress_bps),
+        ingress_bps=share_bps(cap.ingress_bps),
+        burst_bytes=cap.burst_bytes // n,
+        rebalance=False,
+    )
     return dict.fromkeys(nodes, one)
 
 
@@ -31,11 +38,14 @@ def lesser(a: Cap | None, b: Cap | None) -> Cap | None:
     """The smaller grant of two, field by field (None, no grant, is the smallest)."""
     if a is None or b is None:
         return None
+    if a.mode != b.mode:
+        return None  # no grant is smaller than both: pass through the floor
     return Cap(
         min(a.egress_bps, b.egress_bps),
         min(a.ingress_bps, b.ingress_bps),
         min(a.window_s, b.window_s),
         min(a.burst_bytes, b.burst_bytes),
+        mode=a.mode,
     )
 
 
@@ -81,15 +91,17 @@ def allocate(
 MIN_NODE_BURST = 16 * 1024  # several full frames: a node's bucket must pass whole frames
 
 
-def node_burst(cap: Cap, nodes: int, interval_s: float) -> tuple[int, int]:
+def node_burst(cap: Cap, nodes: int, interval_s: float, buffer_bytes: int = 0) -> tuple[int, int]:
     """(each node's bucket, changes allowed per window) for a pod that rebalances every `interval_s`.
 
     Every change rewrites meters, and a meter write refills its bucket. With at most C changes in a
     window and buckets of B / (nodes x (C + 1)), refills can never add up to more than the pod's
-    burst B within one window: the cap's allowance (rate x window + B) still holds.
+    burst B within one window: the cap's allowance (rate x window + B) still holds. A node's DPU
+    programs its bucket less its buffer (dataplane.allowances), so a bucket is at least
+    `buffer_bytes` (the largest node buffer) more than the smallest useful one.
     """
     changes = math.ceil(cap.window_s / interval_s)
-    burst = max(cap.burst_bytes // (nodes * (changes + 1)), MIN_NODE_BURST)
+    burst = max(cap.burst_bytes // (nodes * (changes + 1)), MIN_NODE_BURST + buffer_bytes)
     return burst, max(0, cap.burst_bytes // (nodes * burst) - 1)
 
 
@@ -97,4 +109,4 @@ def rebalanced(cap: Cap, egress: dict[str, float], ingress: dict[str, float], bu
     """Node grants from measured demands (bit/s per node and direction), each with bucket `burst`."""
     nodes = sorted(egress)
     e, i = allocate(cap.egress_bps, egress), allocate(cap.ingress_bps, ingress)
-    return {n: Cap(int(e[n] / 8) * 8.0, int(i[n] / 8) * 8.0, cap.window_s, burst) for n in nodes}
+    return {n: Cap(int(e[n] / 8) * 8.0, int(i[n] / 8) * 8.0, cap.window_s, burst, mode=cap.mode) for n in nodes}

@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS pods (name TEXT PRIMARY KEY, ipv4_prefixes TEXT NOT N
 CREATE TABLE IF NOT EXISTS dpus (
     name TEXT PRIMARY KEY, p4runtime_address TEXT NOT NULL, device_id INTEGER NOT NULL,
     pod TEXT NOT NULL REFERENCES pods(name), role TEXT NOT NULL,
-    host_port INTEGER NOT NULL, uplink_port INTEGER NOT NULL);
+    host_port INTEGER NOT NULL, uplink_port INTEGER NOT NULL, buffer_bytes INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, ts REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
     object TEXT NOT NULL, payload TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL);
@@ -50,6 +50,8 @@ class Store:
             self._db.execute("ALTER TABLE caps ADD COLUMN rebalance INTEGER NOT NULL DEFAULT 0")
         if "mode" not in cols:
             self._db.execute("ALTER TABLE caps ADD COLUMN mode TEXT NOT NULL DEFAULT 'rate'")
+        if "buffer_bytes" not in {row[1] for row in self._db.execute("PRAGMA table_info(dpus)")}:
+            self._db.execute("ALTER TABLE dpus ADD COLUMN buffer_bytes INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         """Close the database."""
@@ -110,9 +112,18 @@ class Store:
     def add_dpu(self, dpu: Dpu, actor: str = "local") -> int:
         """Insert a DPU (sqlite3.IntegrityError if the name exists)."""
         return self._write(
-            "INSERT INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (dpu.name, dpu.p4runtime_address, dpu.device_id, dpu.pod, dpu.role.value, dpu.host_port, dpu.uplink_port),
+            "INSERT INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                dpu.name,
+                dpu.p4runtime_address,
+                dpu.device_id,
+                dpu.pod,
+                dpu.role.value,
+                dpu.host_port,
+                dpu.uplink_port,
+                dpu.buffer_bytes,
+            ),
             "register-dpu",
             f"dpu/{dpu.name}",
             {
@@ -122,6 +133,7 @@ class Store:
                 "role": dpu.role.value,
                 "host_port": dpu.host_port,
                 "uplink_port": dpu.uplink_port,
+                "buffer_bytes": dpu.buffer_bytes,
             },
             actor,
         )
@@ -153,9 +165,11 @@ class Store:
             for name, prefixes in cur.execute("SELECT name, ipv4_prefixes FROM pods"):
                 state.pods[name] = Pod(name, tuple(json.loads(prefixes)))
             for row in cur.execute(
-                "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port FROM dpus"
+                "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes FROM dpus"
             ):
-                state.dpus[row[0]] = Dpu(row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]))
+                state.dpus[row[0]] = Dpu(
+                    row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]), int(row[7])
+                )
             for pod, e, i, w, b, r, m in cur.execute(
                 "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode FROM caps"
             ):

@@ -38,6 +38,10 @@ class Device:
         self.clock = clock or Clock()
         self.pipeline: Pipeline | None = None
         self.saved: Pipeline | None = None
+        # Normally None: packets take `pipeline`, the one P4Runtime reads and writes. Set, packets take
+        # this one instead while P4Runtime still sees `pipeline`: a device whose firmware lies to its
+        # controller (the lab's model of a compromised DPU; bmv2 has nothing like it).
+        self.data_plane: Pipeline | None = None
         # Writes and packet processing may run on different threads; table structures are
         # swapped whole, and this lock serialises multi-step control operations.
         self.lock = threading.Lock()
@@ -58,7 +62,7 @@ class Device:
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         """Run a packet through the current pipeline; with no pipeline nothing is forwarded."""
-        pipeline = self.pipeline
+        pipeline = self.data_plane or self.pipeline
         if pipeline is None:
             return []
         return pipeline.program.process(port, data)

@@ -1,0 +1,138 @@
+"""The verifier's audit, running beside the control plane in a virtual-time lab run.
+
+Every `interval_s` of simulated time (the simulation paused, so every figure is one instant's):
+
+- **read-back**: the control plane reads each DPU's entries and meter configs back over P4Runtime
+  and compares them with what it wants it to hold (the reconciler's own read-back); a difference
+  it did not cause is an alert, and the control plane writes the desired state back.
+- **router-count**: the router counts bytes per pod and direction itself (the DPUs cannot change
+  those counters); the most bytes that left a pod in any window of W against its egress allowance.
+- **conservation**: bytes the router saw leave a pod against the bytes its DPUs say they passed
+  (green and yellow) out of it, and bytes the router sent into a pod against the bytes its DPUs
+  say they metered on the way in. A DPU that exempts, hides or forges traffic breaks the balance.
+
+Each check raises one alert per place, the first time it fails; the time to detection of a
+compromise is from the compromise to the first alert after it. Active probes are not modelled yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from dpu_limiter.reconciler import DpuAgent
+from dpu_limiter.units import MAX_FRAME_BYTES
+
+from . import measure
+from .config import AuditCheck, Scenario
+from .evaluate import allowance_bytes, directions
+from .traffic import Timeline
+
+CHECKS: tuple[AuditCheck, ...] = get_args(AuditCheck)
+READ_BACK_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Alert:
+    """Something the audit found: when (simulated seconds), by which check, where, and what."""
+
+    t_s: float
+    check: AuditCheck
+    where: str
+    detail: str
+
+
+@dataclass
+class Auditor:
+    """Runs the checks at each tick; keeps the alerts."""
+
+    scenario: Scenario
+    router: dict[tuple[str, str], Timeline]  # (pod, direction) -> bytes the router counted
+    agents: dict[str, DpuAgent]
+    pods_of: dict[str, str]  # DPU name -> its pod
+    slack_bytes: int = 4 * MAX_FRAME_BYTES  # frames that may be between a DPU and the router at a tick
+    checks: Sequence[AuditCheck] = CHECKS
+    alerts: list[Alert] = field(default_factory=list)
+    _flagged: set[tuple[AuditCheck, str]] = field(default_factory=set)
+    _drift: dict[str, int] = field(default_factory=dict)
+
+    def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
+        if (check, where) not in self._flagged:
+            self._flagged.add((check, where))
+            self.alerts.append(Alert(round(t_s, 6), check, where, detail))
+
+    async def tick(self, t_s: float) -> None:
+        """Run every enabled check at simulated time `t_s`."""
+        if "read-back" in self.checks:
+            await self._read_back(t_s)
+        if "router-count" in self.checks:
+            self._router_count(t_s)
+        if "conservation" in self.checks:
+            await self._conservation(t_s)
+
+    async def _read_back(self, t_s: float) -> None:
+        for name, agent in self.agents.items():
+            before = self._drift.get(name, agent.status.drift_corrections)
+            await agent.wait_applied(agent.poke(), READ_BACK_TIMEOUT_S)
+            self._drift[name] = agent.status.drift_corrections
+            if agent.status.drift_corrections > before:
+                # The reconciler's message starts with a wall-clock stamp; the alert has simulated time.
+                self._alert(t_s, "read-back", name, agent.status.last_drift.partition(": ")[2])
+
+    def _router_count(self, t_s: float) -> None:
+        # Egress only: what the router sees heading into a pod has not crossed that pod's DPU yet, and
+        # honest senders in several pods may together offer it more than its ingress cap.
+        for cap in self.scenario.caps:
+            for direction, rate in directions(cap.egress, cap.ingress)[:1]:
+                tl = self.router.get((cap.pod, direction))
+                if tl is None or not tl.bins:
+                    continue
+                most = measure.max_window_bytes(tl.t0(0.0), tl.bin_s, tl.bins, cap.window_s)
+                allowed = allowance_bytes(cap, rate)
+                if most > allowed:
+                    self._alert(
+                        t_s,
+                        "router-count",
+                        f"{cap.pod} {direction}",
+                        f"the router counted {most} bytes in {cap.window_s:g} s, allowed {allowed}",
+                    )
+
+    async def _conservation(self, t_s: float) -> None:
+        reported: dict[tuple[str, str], int] = {}
+        for name, agent in self.agents.items():
+            usage = await agent.read_usage()
+            pod = self.pods_of[name]
+            egress, ingress = usage["egress"], usage["ingress"]
+            reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + egress["green"][1] + egress["yellow"][1]
+            metered_in = ingress["green"][1] + ingress["yellow"][1] + ingress["red"][1]
+            reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + metered_in
+        for cap in self.scenario.caps:
+            for direction, _ in directions(cap.egress, cap.ingress):
+                tl = self.router.get((cap.pod, direction))
+                counted = sum(tl.bins) if tl is not None else 0
+                said = reported.get((cap.pod, direction), 0)
+                if abs(counted - said) > self.slack_bytes + counted // 1000:
+                    verb = "passed out of" if direction == "egress" else "metered into"
+                    self._alert(
+                        t_s,
+                        "conservation",
+                        f"{cap.pod} {direction}",
+                        f"the router counted {counted} bytes, the pod's DPUs say they {verb} it {said}",
+                    )
+
+    def summary(self, interval_s: float, compromises: list[dict[str, Any]]) -> dict[str, Any]:
+        """The report's `audit` section: alerts, and whether and how fast each compromise was caught."""
+        first = min((c["t_s"] for c in compromises), default=None)
+        before = [a for a in self.alerts if first is None or a.t_s < first]
+        after = [a for a in self.alerts if first is not None and a.t_s >= first]
+        return {
+            "interval_s": interval_s,
+            "checks": list(self.checks),
+            "alerts": [a.__dict__ for a in self.alerts],
+            "compromises": compromises,
+            "false_alarms": len(before),
+            "detected": bool(after),
+            "time_to_detection_s": round(after[0].t_s - first, 6) if after and first is not None else None,
+            "detected_by": sorted({a.check for a in after}),
+        }

@@ -1,0 +1,98 @@
+"""Compromised DPUs against the verifier's audit, in virtual time: every compromise is detected, by
+the checks that can see it, within one audit interval; a clean run raises no alert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from dpu_lab.config import ConfigError, load_scenario
+from dpu_lab.runner import LabRun
+from dpu_lab.virtual import VirtualLabRun
+
+pytestmark = pytest.mark.timeout(300)
+
+INTERVAL_S = 0.5
+AT_S = 3.0
+
+
+def scenario(tmp_path: Path, event: dict[str, object] | None) -> Path:
+    """Pod a capped at 8 Mbit/s and offered twice that; b's cap far above, so a's DPU alone holds a's."""
+    doc = {
+        "name": "audit",
+        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
+        "caps": [
+            {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": 2, "burst_bytes": 100_000},
+            {"pod": "b", "egress": "1G", "ingress": "1G", "window_s": 2, "burst_bytes": 1_000_000},
+        ],
+        "audit": {"interval_s": INTERVAL_S},
+        "phases": [
+            {
+                "name": "p",
+                "duration_s": 8,
+                "flows": [
+                    {"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "16M"},
+                    {"name": "b-to-a", "protocol": "udp", "src": "b1", "dst": "a1", "rate": "4M"},
+                ],
+                "events": [event] if event else [],
+            }
+        ],
+    }
+    path = tmp_path / "audit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_clean_run_raises_no_alert(tmp_path: Path) -> None:
+    r = VirtualLabRun(load_scenario(scenario(tmp_path, None)), tmp_path / "out").run()
+    assert r.cap_held
+    assert r.audit is not None
+    assert r.audit["alerts"] == [] and r.audit["false_alarms"] == 0 and not r.audit["detected"]
+
+
+@pytest.mark.parametrize(
+    ("how", "forge", "seen_by"),
+    [
+        ("raise-meter", False, {"read-back"}),
+        ("raise-meter", True, {"conservation", "router-count"}),
+        ("delete-meter", False, {"read-back"}),
+        ("delete-meter", True, {"conservation", "router-count"}),
+        ("forward-unclassified", False, {"read-back", "conservation"}),
+        ("forward-unclassified", True, {"conservation", "router-count"}),
+    ],
+)
+def test_every_compromise_is_detected_within_an_interval(
+    tmp_path: Path, how: str, forge: bool, seen_by: set[str]
+) -> None:
+    event = {"at_s": AT_S, "action": "compromise", "dpu": "dpu-a", "how": how, "forge": forge}
+    r = VirtualLabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "out").run()
+    audit = r.audit
+    assert audit is not None and audit["detected"], audit
+    assert audit["false_alarms"] == 0
+    assert 0 < audit["time_to_detection_s"] <= INTERVAL_S
+    assert seen_by <= set(audit["detected_by"]), audit["alerts"]
+    flow = next(f for f in r.flows if f.name == "a-to-b")
+    if forge:
+        # A lying DPU keeps its tampered data plane: read-back sees nothing, the cap is gone.
+        assert "read-back" not in audit["detected_by"]
+        assert not r.cap_held and flow.delivered_bps > 12e6
+    else:
+        # The control plane reads the difference back and writes the desired state over it.
+        assert flow.delivered_bps < 10e6
+    assert (tmp_path / "out" / "detection.png").is_file()
+
+
+def test_compromise_and_audit_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="how"):
+        load_scenario(scenario(tmp_path, {"at_s": 1, "action": "compromise", "dpu": "dpu-a"}))
+    with pytest.raises(ConfigError, match="forge"):
+        load_scenario(scenario(tmp_path, {"at_s": 1, "action": "restart-dpu", "dpu": "dpu-a", "forge": True}))
+    event = {"at_s": 1, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter"}
+    with pytest.raises(ConfigError, match="virtual"):
+        LabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "real").run()
+    restart = {"at_s": 1, "action": "restart-dpu", "dpu": "dpu-a"}
+    with pytest.raises(ConfigError, match="restart-dpu"):
+        VirtualLabRun(load_scenario(scenario(tmp_path, restart)), tmp_path / "v").run()

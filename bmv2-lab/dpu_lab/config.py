@@ -12,6 +12,8 @@ from dpu_limiter.models import NAME_RE
 from dpu_limiter.units import UnitError, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
+from .workloads import WorkloadSpec, expand
+
 
 class ConfigError(ValueError):
     """A topology or scenario file is invalid; the message names the file, field and value."""
@@ -137,6 +139,10 @@ class Topology(_Model):
         pod = self.pod_of_host(host)
         return pod.host_address(pod.hosts.index(host))
 
+    def hosts_by_pod(self) -> dict[str, list[str]]:
+        """Each pod's hosts, in order."""
+        return {p.name: list(p.hosts) for p in self.pods}
+
 
 class CapSpec(_Model):
     """A pod's cap as the scenario sets it (rates accept 20M, 1G, ...)."""
@@ -222,12 +228,19 @@ class AuditSpec(_Model):
 
 
 class PhaseSpec(_Model):
-    """A stretch of time with its own flows (and events)."""
+    """A stretch of time with its own flows, workloads (workloads.py; virtual time) and events."""
 
     name: str
     duration_s: float = Field(gt=0, le=3600)
-    flows: list[FlowSpec] = Field(min_length=1)
+    flows: list[FlowSpec] = Field(default_factory=list)
+    workloads: list[WorkloadSpec] = Field(default_factory=list)
     events: list[EventSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _traffic(self) -> PhaseSpec:
+        if not self.flows and not self.workloads:
+            raise ValueError(f"phase {self.name!r}: needs flows or workloads")
+        return self
 
 
 class Scenario(_Model):
@@ -255,6 +268,11 @@ class Scenario(_Model):
                     raise ValueError(f"phases[{pi}].events[{ei}].dpu: unknown DPU {ev.dpu!r} ({sorted(limiters)})")
                 if ev.at_s > ph.duration_s:
                     raise ValueError(f"phases[{pi}].events[{ei}].at_s: {ev.at_s} is after the phase ends")
+            for wi, w in enumerate(ph.workloads):
+                try:
+                    expand(w, self.topology.hosts_by_pod(), ph.duration_s)
+                except ValueError as exc:
+                    raise ValueError(f"phases[{pi}].workloads[{wi}]: {exc}") from None
             for fi, f in enumerate(ph.flows):
                 for end in ("src", "dst"):
                     if getattr(f, end) not in hosts:

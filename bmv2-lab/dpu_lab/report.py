@@ -115,6 +115,7 @@ class Report:
     dpu_counters: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # faults injected during the run
     audit: dict[str, Any] | None = None  # the verifier's audit: alerts, detection (audit.Auditor.summary)
+    workloads: list[dict[str, Any]] = field(default_factory=list)  # virtual.workload_result per workload
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -143,6 +144,7 @@ class Report:
             dpu_counters=list(data.get("dpu_counters", [])),
             events=list(data.get("events", [])),
             audit=data.get("audit"),
+            workloads=list(data.get("workloads", [])),
         )
 
 
@@ -291,6 +293,22 @@ def summary_markdown(report: Report) -> str:
             f"| {u.get('green_bytes', 0)} | {u.get('red_bytes', 0)} |"
             for u in report.dpu_counters
         ]
+    if report.workloads:
+        lines += [
+            "",
+            "## Workloads",
+            "",
+            "| phase | workload | effective inter-pod rate (Mbit/s) | volume per step | step (s) | slowdown |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for w in report.workloads:
+            volume = f"{w['volume_per_step_bytes']:.4g} B" if "volume_per_step_bytes" in w else "-"
+            step = f"{w['step_s']:g}" if "step_s" in w else "-"
+            slow = w.get("slowdown")
+            slowdown = "-" if "slowdown" not in w else ("never finishes" if slow is None else f"{slow:,.1f}x")
+            lines.append(
+                f"| {w['phase']} | {w['description']} | {_mbit(w['effective_bps'])} | {volume} | {step} | {slowdown} |"
+            )
     if report.audit is not None:
         a = report.audit
         ttd = a["time_to_detection_s"]

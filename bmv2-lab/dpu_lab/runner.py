@@ -61,10 +61,18 @@ class LabRun:
 
     def run(self) -> Report:
         """Run the scenario end to end."""
-        virtual_only = [e.dpu for ph in self.scenario.phases for e in ph.events if e.action == "compromise"]
-        if virtual_only or self.scenario.audit is not None:
-            what = f"compromise events ({', '.join(virtual_only)})" if virtual_only else "the audit"
-            raise ConfigError(f"{what}: modelled in virtual time only for now; use --time virtual")
+        sc = self.scenario
+        virtual_only = [
+            what
+            for what, used in (
+                ("compromise events", any(e.action == "compromise" for ph in sc.phases for e in ph.events)),
+                ("the audit", sc.audit is not None),
+                ("workloads", any(ph.workloads for ph in sc.phases)),
+            )
+            if used
+        ]
+        if virtual_only:
+            raise ConfigError(f"{', '.join(virtual_only)}: modelled in virtual time only for now; use --time virtual")
         check_prerequisites()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)

@@ -29,7 +29,7 @@ from typing import Any
 from p4sim.clock import VirtualClock
 
 from .capture import Capture, to_capture
-from .config import FlowSpec, Topology
+from .config import Topology
 from .traffic import Timeline, wire_bytes_udp
 
 NS = 1_000_000_000
@@ -266,39 +266,46 @@ class SimNetwork:
 
 @dataclass
 class UdpSource:
-    """A paced UDP sender: frames of `segment` payload bytes at `rate_bps` wire bits per second."""
+    """A paced UDP sender: one frame, repeated at each segment's rate (wire bit/s) during the segment."""
 
     net: SimNetwork
     host: str
     frame: bytes
-    rate_bps: float
-    start_ns: int
-    end_ns: int
+    segments: list[tuple[int, int, float]]  # (start_ns, end_ns, rate_bps), in time order, not overlapping
     sent_packets: int = 0
     sent_wire_bytes: int = 0
+    _seg: int = 0
 
     def start(self) -> None:
         """Schedule the first frame."""
-        self.net.engine.at(self.start_ns, self._send)
+        if self.segments:
+            self.net.engine.at(self.segments[0][0], self._send)
 
     def _send(self, _: object = None) -> None:
         now = self.net.engine.now_ns
-        if now >= self.end_ns:
+        _, end, rate = self.segments[self._seg]
+        if now >= end:
+            self._seg += 1
+            if self._seg < len(self.segments):
+                self.net.engine.at(self.segments[self._seg][0], self._send)
             return
         self.net.send_from(self.host, self.frame)
         self.sent_packets += 1
         self.sent_wire_bytes += len(self.frame)
-        gap = int(len(self.frame) * 8 * NS / self.rate_bps)
+        gap = int(len(self.frame) * 8 * NS / rate)
         self.net.engine.at(now + gap, self._send)
 
 
 def udp_source(
-    net: SimNetwork, flow: FlowSpec, port: int, start_ns: int, end_ns: int, segment_bytes: int | None
+    net: SimNetwork,
+    src: str,
+    dst: str,
+    port: int,
+    segments: list[tuple[int, int, float]],
+    payload: int,
 ) -> UdpSource:
-    """A source for a scenario's UDP flow; `segment_bytes` (payload) overrides the flow's size."""
+    """A UDP source from `src` to `dst`'s `port` sending `payload`-byte datagrams on `segments`."""
     topo = net.topology
-    payload = segment_bytes or flow.size
-    assert flow.rate is not None
-    frame = udp_frame(topo.address_of(flow.src), topo.address_of(flow.dst), port, payload)
+    frame = udp_frame(topo.address_of(src), topo.address_of(dst), port, payload)
     assert len(frame) == wire_bytes_udp(payload)
-    return UdpSource(net, flow.src, frame, flow.rate, start_ns, end_ns)
+    return UdpSource(net, src, frame, segments)

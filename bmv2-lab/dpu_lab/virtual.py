@@ -19,16 +19,68 @@ from p4sim.server import Device, add_to_server
 
 from .audit import Auditor
 from .compromise import compromise
-from .config import ConfigError, EventSpec, FlowSpec, Scenario
+from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu, configure, dpu_counters, evaluate
 from .report import Flow, Phase, Report, write_report
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
+from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
 BASE_PORT = 5201
 START_S = 0.1  # traffic starts a little after time zero, like the real lab's start delay
 LINGER_S = 0.05
 REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
+WORKLOAD_PAYLOAD = 1400  # datagram payload of workload streams (as a flow's default size)
 NEVER_S = 1e6  # "never" within any run (a far larger timeout upsets the gRPC event loop)
+
+
+@dataclass
+class _Sending:
+    """One UDP sender of the run: a scenario flow, or a stream of a workload."""
+
+    phase: Phase
+    name: str
+    src: str
+    dst: str
+    segments: list[tuple[int, int, float]]  # (start_ns, end_ns, rate_bps)
+    payload: int
+    port: int = 0
+    source: UdpSource | None = None
+    delivered_bytes: int = 0
+
+    @property
+    def on_s(self) -> float:
+        """Simulated seconds during which it offered traffic."""
+        return sum(end - start for start, end, _ in self.segments) / NS
+
+
+def workload_result(phase: str, spec: WorkloadSpec, streams: list[_Sending]) -> dict[str, object]:
+    """The report's entry for one workload: what it is, what got through, and what that does to training.
+
+    The effective bandwidth is the slowest stream's delivered rate while it was sending (a ring
+    all-reduce or a pipeline is as fast as its slowest link). The slowdown assumes communication
+    overlaps computation perfectly (a lower bound); DiLoCo blocks on its outer sync instead.
+    """
+    effective = min((s.delivered_bytes * 8 / s.on_s for s in streams if s.on_s > 0), default=0.0)
+    out: dict[str, object] = {
+        "phase": phase,
+        "kind": spec.kind,
+        "description": describe(spec),
+        "streams": len(streams),
+        "effective_bps": effective,
+    }
+    volume, step = workload_step(spec)
+    if volume is not None and step is not None:
+        out["volume_per_step_bytes"] = volume
+        out["step_s"] = step
+        if effective > 0:
+            if isinstance(spec, DilocoSpec):
+                unconstrained = step + volume * 8 / spec.link_bps
+                out["slowdown"] = (step + volume * 8 / effective) / unconstrained
+            else:
+                out["slowdown"] = effective_slowdown(volume, step, effective)
+        else:
+            out["slowdown"] = None  # nothing got through: training cannot proceed at all
+    return out
 
 
 def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
@@ -51,6 +103,7 @@ class VirtualLabRun:
     segment_bytes: int | None = None
     console: Console = field(default_factory=lambda: Console(stderr=True))
     stats: dict[str, float] = field(default_factory=dict)
+    _workloads: list[tuple[str, WorkloadSpec, list[_Sending]]] = field(default_factory=list)
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -116,17 +169,30 @@ class VirtualLabRun:
         net = SimNetwork(sc.topology, {name: d.process for name, d in devices.items()}, engine)
         t = START_S
         phases: list[Phase] = []
-        sources: list[tuple[Phase, FlowSpec, UdpSource, int]] = []
-        port = BASE_PORT
+        sending: list[_Sending] = []
+        hosts = sc.topology.hosts_by_pod()
         for ph in sc.phases:
             phase = Phase(ph.name, t, t + ph.duration_s)
             phases.append(phase)
             for f in ph.flows:
-                src = udp_source(net, f, port, int(t * NS), int((t + ph.duration_s) * NS), self.segment_bytes)
-                src.start()
-                sources.append((phase, f, src, port))
-                port += 1
+                assert f.rate is not None
+                seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate)]
+                sending.append(_Sending(phase, f.name, f.src, f.dst, seg, self.segment_bytes or f.size))
+            for w in ph.workloads:
+                first = len(sending)
+                for stream in expand(w, hosts, ph.duration_s):
+                    seg = [
+                        (int((t + s.start_s) * NS), int((t + s.start_s + s.duration_s) * NS), s.rate_bps)
+                        for s in stream.segments
+                    ]
+                    payload = self.segment_bytes or WORKLOAD_PAYLOAD
+                    sending.append(_Sending(phase, stream.label, stream.src, stream.dst, seg, payload))
+                self._workloads.append((ph.name, w, sending[first:]))
             t += ph.duration_s
+        for port, s in enumerate(sending, BASE_PORT):
+            s.port = port
+            s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload)
+            s.source.start()
         end_ns = int((t + LINGER_S) * NS)
         cpu0, wall0 = time.process_time(), time.monotonic()
         rebalancing = [c.pod for c in sc.caps if c.rebalance]
@@ -165,25 +231,29 @@ class VirtualLabRun:
             f"({engine.events:,} events, {self.stats['cpu_s']:.1f} CPU-s)"
         )
         flows = []
-        for phase, f, src, p in sources:
-            rx = net.receivers[f.dst]
-            dur = phase.end - phase.start
-            received = rx.packets_by_port.get(p, 0)
+        for s in sending:
+            assert s.source is not None
+            rx = net.receivers[s.dst]
+            dur = s.phase.end - s.phase.start
+            received = rx.packets_by_port.get(s.port, 0)
+            s.delivered_bytes = rx.bytes_by_port.get(s.port, 0)
+            sent = s.source.sent_packets
             flows.append(
                 Flow(
-                    name=f.name,
+                    name=s.name,
                     protocol="udp",
-                    src_pod=sc.topology.pod_of_host(f.src).name,
-                    dst_pod=sc.topology.pod_of_host(f.dst).name,
-                    offered_bps=src.sent_wire_bytes * 8 / dur,
-                    delivered_bps=rx.bytes_by_port.get(p, 0) * 8 / dur,
-                    loss_ratio=max(0.0, 1 - received / src.sent_packets) if src.sent_packets else 0.0,
+                    src_pod=sc.topology.pod_of_host(s.src).name,
+                    dst_pod=sc.topology.pod_of_host(s.dst).name,
+                    offered_bps=s.source.sent_wire_bytes * 8 / dur,
+                    delivered_bps=s.delivered_bytes * 8 / dur,
+                    loss_ratio=max(0.0, 1 - received / sent) if sent else 0.0,
                 )
             )
         duration = sum(ph.duration_s for ph in sc.phases)
         report, series = evaluate(sc, net.captures(), phases, flows, 0.0, duration, "embedded", "simulated")
         report.time = "virtual"
         report.events = compromises
+        report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
         if auditor is not None and sc.audit is not None:
             report.audit = auditor.summary(sc.audit.interval_s, compromises)
             found = report.audit["alerts"]

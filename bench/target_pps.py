@@ -87,10 +87,12 @@ def _count(ifname: str, seconds: float, out: mp.Queue[int]) -> None:
 async def _program(address: str) -> None:
     files = dp.limiter_program()
     dpu = Dpu("bench", address, 1, "a")
-    intent = dp.intent_for(dpu, Pod("a", ("10.0.1.0/24",)), Cap(1e11, 1e11, 1.0, 1 << 30))
+    lease = (1, 10**12)  # eleven days: longer than any run
+    intent = dp.intent_for(dpu, Pod("a", ("10.0.1.0/24",)), Cap(1e11, 1e11, 1.0, 1 << 30), lease)
     opts = fy.SwitchOptions(p4info=files.p4info, p4blob=files.bmv2_json, device_id=1, initial_election_id=10)
     async with fy.Switch("bench", address, opts) as sw:
         await sw.modify(dp.meter_mismatches(intent, []))
+        await sw.modify([dp.lease_entity(intent)])
         await sw.insert(dp.prefix_entities(intent) + dp.boundary_entities(intent))
 
 

@@ -11,11 +11,24 @@
  * crosses (IPv4 to or from other pods, IPv4 fragments, malformed IPv4, IPv6,
  * VLAN-tagged frames, any other EtherType) is metered against the cap of the
  * crossing's cell with a two-rate three-colour byte meter; red is dropped.
+ * IPv4 leaving the subject (a crossing marked `inside`) with a source outside
+ * the pod's prefixes is spoofed and dropped: forging another pod's source must
+ * not buy exemption at that pod's ingress.
  *
  * Cells: the control plane gives each (subject, direction) a cell index,
  * subject being the pod or node this device limits and direction egress
  * (leaving the subject) or ingress (entering it). Counters are indexed
- * cell * 8 + class and cell * 4 + colour (colour 3: over the window budget).
+ * cell * 8 + class and cell * 8 + colour (0-2 the meter's, 3: over the window
+ * budget, 4: no valid lease).
+ *
+ * Lease: metered traffic crosses only while the DPU holds a lease. The control
+ * plane writes lease_cfg's default action lease(gen, lifetime) and renews it by
+ * writing a new generation well within the lifetime. The first packet that sees
+ * a new generation latches it with the DPU's own clock; a generation older than
+ * `lifetime` microseconds, or none, means expired: the traffic is dropped and
+ * counted. So when the controller is gone for longer than the lease, the cap
+ * falls to its floor by the data plane's own means. (The lifetime runs from the
+ * first packet after a renewal: an idle DPU's lease starts when it is used.)
  *
  * Window mode (a window_cfg entry for the cell): besides the meter, at most
  * `budget` bytes pass in any interval of the window W. Time is cut into slots
@@ -37,10 +50,12 @@ const bit<3> CLASS_ARP      = 1;  // exempt
 const bit<3> CLASS_IPV4     = 2;  // any other well-formed, unfragmented IPv4: metered
 const bit<3> CLASS_FRAGMENT = 3;  // IPv4 fragments: metered
 const bit<3> CLASS_OTHER    = 4;  // malformed IPv4 and every non-IPv4 EtherType: metered
+const bit<3> CLASS_SPOOFED  = 5;  // IPv4 from inside with a source outside the pod: dropped
 
 #define MAX_CELLS 256
 #define NSLOT 16
 const bit<2> COLOR_WINDOW = 3;  // over the window budget: dropped
+const bit<3> CODE_LEASE = 4;    // colour-counter code of traffic without a valid lease: dropped
 
 header ethernet_t {
     bit<48> dstAddr;
@@ -70,11 +85,15 @@ struct headers_t {
 
 struct metadata_t {
     bit<32> cell;
+    bit<1>  inside;
     bit<3>  class;
     bit<2>  color;
     bit<1>  window_on;
     bit<64> budget;
     bit<64> mult;
+    bit<1>  lease_on;
+    bit<32> lease_gen;
+    bit<48> lease_life;
 }
 
 parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -105,21 +124,25 @@ control LimiterVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
 control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                        inout standard_metadata_t standard_metadata) {
     counter(MAX_CELLS * 8, CounterType.packets_and_bytes) class_counter;
-    counter(MAX_CELLS * 4, CounterType.packets_and_bytes) color_counter;
+    counter(MAX_CELLS * 8, CounterType.packets_and_bytes) color_counter;
     meter(MAX_CELLS, MeterType.bytes) boundary_meter;
     register<bit<64>>(MAX_CELLS * NSLOT) slot_epoch;
     register<bit<64>>(MAX_CELLS * NSLOT) slot_bytes;
+    register<bit<32>>(1) lease_gen;      // the lease generation the data plane has latched
+    register<bit<48>>(1) lease_granted;  // when it latched it (ingress_global_timestamp, us)
 
     action drop() {
         mark_to_drop(standard_metadata);
     }
 
-    action cross(bit<9> port, bit<32> cell) {
+    action cross(bit<9> port, bit<32> cell, bit<1> inside) {
         standard_metadata.egress_spec = port;
         meta.cell = cell;
+        meta.inside = inside;
     }
 
-    // Which port a frame arriving on ingress_port leaves by, and its cell.
+    // Which port a frame arriving on ingress_port leaves by, its cell, and whether it comes from
+    // inside the subject (the host side), where IPv4 sources must be the pod's own.
     table boundary {
         key = { standard_metadata.ingress_port: exact; }
         actions = { cross; drop; }
@@ -141,6 +164,18 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         size = MAX_CELLS;
     }
 
+    action lease(bit<32> gen, bit<48> lifetime) {
+        meta.lease_on = 1;
+        meta.lease_gen = gen;
+        meta.lease_life = lifetime;
+    }
+
+    // Keyless: the control plane writes (and renews) its default action.
+    table lease_cfg {
+        actions = { lease; NoAction; }
+        default_action = NoAction();
+    }
+
     table src_in_pod {
         key = { hdr.ipv4.srcAddr: lpm; }
         actions = { NoAction; }
@@ -160,11 +195,14 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
             if (hdr.ethernet.etherType == ETHERTYPE_ARP) {
                 meta.class = CLASS_ARP;
             } else if (hdr.ipv4.isValid() && hdr.ipv4.version == 4 && hdr.ipv4.ihl >= 5) {
-                if ((hdr.ipv4.flags & 1) != 0 || hdr.ipv4.fragOffset != 0) {
+                bool src_inside = src_in_pod.apply().hit;
+                if (meta.inside == 1 && !src_inside) {
+                    meta.class = CLASS_SPOOFED;
+                } else if ((hdr.ipv4.flags & 1) != 0 || hdr.ipv4.fragOffset != 0) {
                     meta.class = CLASS_FRAGMENT;
                 } else {
                     meta.class = CLASS_IPV4;
-                    if (src_in_pod.apply().hit) {
+                    if (src_inside) {
                         if (dst_in_pod.apply().hit) {
                             meta.class = CLASS_INTRA;
                         }
@@ -174,37 +212,59 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                 meta.class = CLASS_OTHER;
             }
             class_counter.count((meta.cell << 3) | (bit<32>)meta.class);
-            if (meta.class != CLASS_INTRA && meta.class != CLASS_ARP) {
-                boundary_meter.execute_meter(meta.cell, meta.color);
-                if (meta.color != V1MODEL_METER_COLOR_RED) {
-                    window_cfg.apply();
-                    if (meta.window_on == 1) {
-                        bit<64> epoch = (((bit<64>)(standard_metadata.ingress_global_timestamp >> 10)) * meta.mult) >> 32;
-                        bit<32> base = meta.cell << 4;
-                        bit<64> sum = 0;
-                        bit<64> e;
-                        bit<64> b;
-                        SLOT(0) SLOT(1) SLOT(2) SLOT(3) SLOT(4) SLOT(5) SLOT(6) SLOT(7)
-                        SLOT(8) SLOT(9) SLOT(10) SLOT(11) SLOT(12) SLOT(13) SLOT(14) SLOT(15)
-                        bit<64> len = (bit<64>)standard_metadata.packet_length;
-                        if (sum + len > meta.budget) {
-                            meta.color = COLOR_WINDOW;
-                        } else {
-                            bit<32> idx = base + (bit<32>)(epoch & (NSLOT - 1));
-                            slot_epoch.read(e, idx);
-                            slot_bytes.read(b, idx);
-                            if (e == epoch) {
-                                b = b + len;
+            if (meta.class == CLASS_SPOOFED) {
+                mark_to_drop(standard_metadata);
+            } else if (meta.class != CLASS_INTRA && meta.class != CLASS_ARP) {
+                bool leased = false;
+                lease_cfg.apply();
+                if (meta.lease_on == 1) {
+                    bit<48> now = standard_metadata.ingress_global_timestamp;
+                    bit<32> gen;
+                    bit<48> granted;
+                    lease_gen.read(gen, 0);
+                    lease_granted.read(granted, 0);
+                    if (gen != meta.lease_gen) {
+                        lease_gen.write(0, meta.lease_gen);
+                        lease_granted.write(0, now);
+                        granted = now;
+                    }
+                    leased = now - granted < meta.lease_life;
+                }
+                if (leased) {
+                    boundary_meter.execute_meter(meta.cell, meta.color);
+                    if (meta.color != V1MODEL_METER_COLOR_RED) {
+                        window_cfg.apply();
+                        if (meta.window_on == 1) {
+                            bit<64> epoch = (((bit<64>)(standard_metadata.ingress_global_timestamp >> 10)) * meta.mult) >> 32;
+                            bit<32> base = meta.cell << 4;
+                            bit<64> sum = 0;
+                            bit<64> e;
+                            bit<64> b;
+                            SLOT(0) SLOT(1) SLOT(2) SLOT(3) SLOT(4) SLOT(5) SLOT(6) SLOT(7)
+                            SLOT(8) SLOT(9) SLOT(10) SLOT(11) SLOT(12) SLOT(13) SLOT(14) SLOT(15)
+                            bit<64> len = (bit<64>)standard_metadata.packet_length;
+                            if (sum + len > meta.budget) {
+                                meta.color = COLOR_WINDOW;
                             } else {
-                                b = len;
+                                bit<32> idx = base + (bit<32>)(epoch & (NSLOT - 1));
+                                slot_epoch.read(e, idx);
+                                slot_bytes.read(b, idx);
+                                if (e == epoch) {
+                                    b = b + len;
+                                } else {
+                                    b = len;
+                                }
+                                slot_epoch.write(idx, epoch);
+                                slot_bytes.write(idx, b);
                             }
-                            slot_epoch.write(idx, epoch);
-                            slot_bytes.write(idx, b);
                         }
                     }
-                }
-                color_counter.count((meta.cell << 2) | (bit<32>)meta.color);
-                if (meta.color == V1MODEL_METER_COLOR_RED || meta.color == COLOR_WINDOW) {
+                    color_counter.count((meta.cell << 3) | (bit<32>)meta.color);
+                    if (meta.color == V1MODEL_METER_COLOR_RED || meta.color == COLOR_WINDOW) {
+                        mark_to_drop(standard_metadata);
+                    }
+                } else {
+                    color_counter.count((meta.cell << 3) | (bit<32>)CODE_LEASE);
                     mark_to_drop(standard_metadata);
                 }
             }

@@ -108,8 +108,20 @@ def update(kind: int, entity: p4r.Entity) -> p4r.Update:
     return p4r.Update(type=kind, entity=entity)  # type: ignore[arg-type]
 
 
+LONG_LEASE_US = 10**12  # eleven days: a lease that outlives any test
+
+
+def lease_entry(sch: object, gen: int, lifetime_us: int) -> p4r.Entity:
+    """lease_cfg's default action: lease `gen` of `lifetime_us` microseconds."""
+    from finsy import P4Schema, P4TableAction, P4TableEntry
+
+    assert isinstance(sch, P4Schema)
+    action = P4TableAction("LimiterIngress.lease", gen=gen, lifetime=lifetime_us)
+    return P4TableEntry("LimiterIngress.lease_cfg", action=action, is_default_action=True).encode(sch)
+
+
 async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
-    """Pipeline, meter (both cells), exemption prefix of pod a, boundary 0<->1."""
+    """Pipeline, meter (both cells), a long lease, exemption prefix of pod a, boundary 0<->1."""
     from finsy import P4MeterConfig, P4MeterEntry
 
     sch = schema()
@@ -119,6 +131,7 @@ async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
         await c.write(
             update(p4r.Update.MODIFY, P4MeterEntry("LimiterIngress.boundary_meter", index=cell, config=cfg).encode(sch))
         )  # type: ignore[arg-type]
+    await c.write(update(p4r.Update.MODIFY, lease_entry(sch, 1, LONG_LEASE_US)))
     ins = p4r.Update.INSERT
     await c.write(
         update(ins, table_entry(sch, "LimiterIngress.src_in_pod", "NoAction", {"hdr.ipv4.srcAddr": "10.0.1.0/24"}, {})),
@@ -130,7 +143,7 @@ async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
                 "LimiterIngress.boundary",
                 "LimiterIngress.cross",
                 {"standard_metadata.ingress_port": 0},
-                {"port": 1, "cell": 0},
+                {"port": 1, "cell": 0, "inside": 1},
             ),
         ),
         update(
@@ -140,7 +153,7 @@ async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
                 "LimiterIngress.boundary",
                 "LimiterIngress.cross",
                 {"standard_metadata.ingress_port": 1},
-                {"port": 0, "cell": 1},
+                {"port": 0, "cell": 1, "inside": 0},
             ),
         ),
     )

@@ -37,6 +37,8 @@ def frames() -> list[tuple[int, bytes]]:
     out += [(0, bytes(Ether() / f)) for f in fragment(IP(src=A_HOST, dst="10.0.1.9") / UDP() / Raw(b"f" * 600), 256)]
     out += [(0, bytes(Ether(type=0x0800) / Raw(b"\x45\x00\x00\x10")))]  # truncated IPv4
     out += [(0, bytes(Ether() / IP(src=A_HOST, dst=B_HOST, version=6) / UDP()))]
+    out += [(0, udp(B_HOST, "10.0.2.9", 300)), (0, udp("10.0.2.7", B_HOST, 300))]  # sources forged: dropped
+    out += [(1, udp("10.0.1.7", A_HOST, 300))]  # from outside, a pod source is not checked: exempt
     return out
 
 
@@ -49,7 +51,7 @@ def bmv2() -> Iterator[tuple[str, dict[int, socket.socket]]]:
 
 async def _counters(c: Client, sch: object) -> dict[tuple[str, int], tuple[int, int]]:
     cells = [("LimiterIngress.class_counter", cell * 8 + k) for cell in (0, 1) for k in range(5)]
-    cells += [("LimiterIngress.color_counter", cell * 4 + k) for cell in (0, 1) for k in range(3)]
+    cells += [("LimiterIngress.color_counter", cell * 8 + k) for cell in (0, 1) for k in range(5)]
     out = {}
     for name, idx in cells:
         [ent] = await c.read(P4CounterEntry(name, index=idx).encode(sch))  # type: ignore[arg-type]

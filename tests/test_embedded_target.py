@@ -50,6 +50,21 @@ async def test_meter_caps_inter_pod_and_exempts_intra_pod(in_process_target: InP
     assert [len(device.process(1, back)) for _ in range(3)] == [1, 1, 0]
 
 
+async def test_forged_sources_from_inside_are_dropped_and_counted(in_process_target: InProcess) -> None:
+    from finsy import P4CounterEntry
+
+    device, channel = in_process_target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    sch = await program_limiter(c, rate_bytes_s=10**9, burst=10**6)
+    forged = [udp("10.0.2.7", B_HOST), udp(B_HOST, "10.0.2.9"), udp("10.9.9.9", A_HOST)]
+    assert all(device.process(0, f) == [] for f in forged)  # from the hosts, with a source not the pod's
+    assert device.process(0, udp(A_HOST, B_HOST)) == [(1, udp(A_HOST, B_HOST))]
+    assert device.process(1, udp("10.0.1.7", A_HOST)) != []  # from outside, sources are not checked
+    spoofed = await c.read(P4CounterEntry("LimiterIngress.class_counter", index=5).encode(sch))  # type: ignore[arg-type]
+    assert spoofed[0].counter_entry.data.packet_count == len(forged)
+
+
 async def test_everything_unclassified_is_metered_and_counted(
     in_process_target: InProcess,
 ) -> None:
@@ -94,7 +109,7 @@ async def test_p4runtime_write_rules(in_process_target: InProcess) -> None:
         "LimiterIngress.boundary",
         "LimiterIngress.cross",
         {"standard_metadata.ingress_port": 0},
-        {"port": 1, "cell": 0},
+        {"port": 1, "cell": 0, "inside": 1},
     )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.write(update(p4r.Update.INSERT, entry))
@@ -105,14 +120,14 @@ async def test_p4runtime_write_rules(in_process_target: InProcess) -> None:
         "LimiterIngress.boundary",
         "LimiterIngress.cross",
         {"standard_metadata.ingress_port": 7},
-        {"port": 1, "cell": 0},
+        {"port": 1, "cell": 0, "inside": 1},
     )
     ok = table_entry(
         sch,
         "LimiterIngress.boundary",
         "LimiterIngress.cross",
         {"standard_metadata.ingress_port": 9},
-        {"port": 1, "cell": 0},
+        {"port": 1, "cell": 0, "inside": 1},
     )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.write(update(p4r.Update.DELETE, missing), update(p4r.Update.INSERT, ok))

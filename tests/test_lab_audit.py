@@ -93,6 +93,3 @@ def test_compromise_and_audit_are_checked(tmp_path: Path) -> None:
     event = {"at_s": 1, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter"}
     with pytest.raises(ConfigError, match="virtual"):
         LabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "real").run()
-    restart = {"at_s": 1, "action": "restart-dpu", "dpu": "dpu-a"}
-    with pytest.raises(ConfigError, match="restart-dpu"):
-        VirtualLabRun(load_scenario(scenario(tmp_path, restart)), tmp_path / "v").run()

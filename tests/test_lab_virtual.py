@@ -122,3 +122,15 @@ def test_window_mode_is_exact_above_4_gib(tmp_path: Path) -> None:
     assert egress.compliant and 0.99 * 5_000_000_000 < egress.max_window_bytes <= 5_000_000_000 and 5e9 > 1 << 32
     # Offered twice the cap for 60 s: one full budget at once, then what the sliding window frees.
     assert 1.1e9 < r.flows[0].delivered_bps < 1.4e9
+
+
+def test_a_dpu_restart_in_virtual_time(tmp_path: Path) -> None:
+    """The DPU dies for 2 s and comes back empty: nothing crosses meanwhile, then it is capped again."""
+    run = VirtualLabRun(load_scenario(ROOT / "bmv2-lab" / "scenarios" / "dpu-restart.yaml"), tmp_path / "out")
+    r = run.run()
+    assert r.cap_held
+    assert [(e["action"], e["dpu"], e["t_s"]) for e in r.events] == [("restart-dpu", "dpu-a", 5.1)]
+    t, bps = run.series[("a", "egress")]
+    down = (t > 5.2) & (t < 7.0)
+    assert down.any() and (bps[down] == 0).all()  # down: nothing crosses
+    assert bps[(t > 8) & (t < 14)].mean() > 0.9 * 8e6  # back, capped at 8 Mbit/s

@@ -78,7 +78,7 @@ def test_p4runtime_shell_programs_and_reads_target(
     assert len(entries) == 1, entries
     assert entries[0]["table"] == "LimiterIngress.boundary"
     assert entries[0]["match"] == {"standard_metadata.ingress_port": 0}
-    assert entries[0]["action"] == {"name": "LimiterIngress.cross", "params": {"port": 1, "cell": 0}}
+    assert entries[0]["action"] == {"name": "LimiterIngress.cross", "params": {"port": 1, "cell": 0, "inside": 1}}
     assert entries[0]["priority"] == 0 and entries[0]["is_default_action"] is False
     assert result["meter_entries"] == [
         {"meter": "LimiterIngress.boundary_meter", "index": 0, "config": {**METER_CONFIG, "eburst": 0}}

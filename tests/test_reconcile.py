@@ -95,7 +95,7 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
                     "LimiterIngress.boundary",
                     "LimiterIngress.cross",
                     {"standard_metadata.ingress_port": 5},
-                    {"port": 1, "cell": 0},
+                    {"port": 1, "cell": 0, "inside": 1},
                 )
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await probe.write(p4r.Update(type=p4r.Update.INSERT, entity=rogue))

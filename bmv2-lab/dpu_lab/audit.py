@@ -56,6 +56,8 @@ class Auditor:
     alerts: list[Alert] = field(default_factory=list)
     _flagged: set[tuple[AuditCheck, str]] = field(default_factory=set)
     _drift: dict[str, int] = field(default_factory=dict)
+    _dpu_last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's last (out, in) bytes
+    _balance: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # (router, DPUs) at the last tick
 
     def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
         if (check, where) not in self._flagged:
@@ -73,6 +75,8 @@ class Auditor:
 
     async def _read_back(self, t_s: float) -> None:
         for name, agent in self.agents.items():
+            if not agent.status.connected:
+                continue  # down or restarting: nothing to read back now (the control plane reprograms it)
             before = self._drift.get(name, agent.status.drift_corrections)
             await agent.wait_applied(agent.poke(), READ_BACK_TIMEOUT_S)
             self._drift[name] = agent.status.drift_corrections
@@ -84,7 +88,7 @@ class Auditor:
         # Egress only: what the router sees heading into a pod has not crossed that pod's DPU yet, and
         # honest senders in several pods may together offer it more than its ingress cap.
         for cap in self.scenario.caps:
-            for direction, rate in directions(cap.egress, cap.ingress)[:1]:
+            for direction, rate in directions(*self.scenario.peak_rates(cap.pod))[:1]:
                 tl = self.router.get((cap.pod, direction))
                 if tl is None or not tl.bins:
                     continue
@@ -99,26 +103,44 @@ class Auditor:
                     )
 
     async def _conservation(self, t_s: float) -> None:
+        # Balances are drawn over each interval (since the last tick), so a DPU that restarts and
+        # starts counting from zero again only costs that pod one interval's check.
         reported: dict[tuple[str, str], int] = {}
+        unsure: set[str] = set()
         for name, agent in self.agents.items():
-            usage = await agent.read_usage()
             pod = self.pods_of[name]
+            try:
+                usage = await agent.read_usage()
+            except Exception:  # a DPU down or restarting: its pod's balance cannot be drawn this time
+                unsure.add(pod)
+                continue
             egress, ingress = usage["egress"], usage["ingress"]
-            reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + egress["green"][1] + egress["yellow"][1]
-            metered_in = ingress["green"][1] + ingress["yellow"][1] + ingress["red"][1]
-            reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + metered_in
+            out = egress["green"][1] + egress["yellow"][1]
+            into = ingress["green"][1] + ingress["yellow"][1] + ingress["red"][1]
+            last_out, last_in = self._dpu_last.get(name, (0, 0))
+            if out < last_out or into < last_in:
+                unsure.add(pod)  # its counters went back: it restarted
+            self._dpu_last[name] = (out, into)
+            reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
+            reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
         for cap in self.scenario.caps:
             for direction, _ in directions(cap.egress, cap.ingress):
-                tl = self.router.get((cap.pod, direction))
-                counted = sum(tl.bins) if tl is not None else 0
-                said = reported.get((cap.pod, direction), 0)
+                key = (cap.pod, direction)
+                tl = self.router.get(key)
+                now = (sum(tl.bins) if tl is not None else 0, reported.get(key, 0))
+                last = self._balance.get(key, (0, 0))
+                self._balance[key] = now
+                if cap.pod in unsure:
+                    continue
+                counted, said = now[0] - last[0], now[1] - last[1]
                 if abs(counted - said) > self.slack_bytes + counted // 1000:
                     verb = "passed out of" if direction == "egress" else "metered into"
                     self._alert(
                         t_s,
                         "conservation",
                         f"{cap.pod} {direction}",
-                        f"the router counted {counted} bytes, the pod's DPUs say they {verb} it {said}",
+                        f"since the last check the router counted {counted} bytes, the pod's DPUs say they "
+                        f"{verb} it {said}",
                     )
 
     def summary(self, interval_s: float, compromises: list[dict[str, Any]]) -> dict[str, Any]:

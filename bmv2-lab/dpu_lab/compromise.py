@@ -89,6 +89,11 @@ def _clone(device: Device, honest: Pipeline) -> Pipeline:
     copy = device.build_pipeline(config)
     for entity in honest.read(p4r.Entity(table_entry=p4r.TableEntry())):
         copy.write(p4r.Update(type=p4r.Update.INSERT, entity=entity))
+    for t in honest.p4info.tables:  # default actions (the lease among them): a wildcard read leaves them out
+        default = p4r.TableEntry(table_id=t.preamble.id, is_default_action=True)
+        for entity in honest.read(p4r.Entity(table_entry=default)):
+            if not t.const_default_action_id:
+                copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
     for m in honest.p4info.meters:
         for entity in honest.read(p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=m.preamble.id))):
             if entity.meter_entry.HasField("config"):

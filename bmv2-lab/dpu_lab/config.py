@@ -144,6 +144,16 @@ class Topology(_Model):
         return {p.name: list(p.hosts) for p in self.pods}
 
 
+def _rate(v: Any) -> float | None:
+    """A rate field as files write it (20M, 1G, 1e9, ...), in bit/s; None stays None."""
+    if v is None:
+        return None
+    try:
+        return parse_rate(v)
+    except UnitError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class CapSpec(_Model):
     """A pod's cap as the scenario sets it (rates accept 20M, 1G, ...)."""
 
@@ -155,13 +165,7 @@ class CapSpec(_Model):
     rebalance: bool = False  # node placement: shares follow measured demand
     mode: Literal["rate", "window"] = "rate"
 
-    @field_validator("egress", "ingress", mode="before")
-    @classmethod
-    def _rate(cls, v: Any) -> float:
-        try:
-            return parse_rate(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
+    _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
 
 
 class FlowSpec(_Model):
@@ -173,16 +177,21 @@ class FlowSpec(_Model):
     dst: str
     rate: float | None = None  # UDP offered rate, bit/s (wire bytes)
     size: int = Field(default=1400, ge=18, le=1472)
+    # Evasion (virtual time): the datagrams' shape (frames.py) and a forged IPv4 source address.
+    encap: Literal["none", "vlan", "ipv6", "gre", "vxlan", "fragment"] = "none"
+    spoof_src: str | None = None
 
-    @field_validator("rate", mode="before")
+    @field_validator("spoof_src")
     @classmethod
-    def _rate(cls, v: Any) -> float | None:
-        if v is None:
-            return None
-        try:
-            return parse_rate(v)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
+    def _ipv4(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ipaddress.IPv4Address(v)
+            except ValueError:
+                raise ValueError(f"spoof_src: {v!r} is not an IPv4 address") from None
+        return v
+
+    _rates = field_validator("rate", mode="before")(lambda v: _rate(v))
 
     @model_validator(mode="after")
     def _udp_rate(self) -> FlowSpec:
@@ -196,24 +205,36 @@ class FlowSpec(_Model):
 class EventSpec(_Model):
     """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
 
-    restart-dpu (real time): the DPU's target process dies and comes back empty after `down_s`.
+    restart-dpu: the DPU's target dies and comes back empty after `down_s`.
     compromise (virtual time): the DPU's own firmware tampers with it as `how` says, and with
     `forge` also lies to the controller (compromise.py).
+    set-cap: the pod's cap changes to `egress`/`ingress` (its window and burst kept), through the
+    control plane's API, as an operator's policy change would.
     """
 
     at_s: float = Field(ge=0)
-    action: Literal["restart-dpu", "compromise"]
-    dpu: str
+    action: Literal["restart-dpu", "compromise", "set-cap"]
+    dpu: str | None = None
     down_s: float = Field(default=1.0, ge=0, le=600)
     how: Literal["raise-meter", "delete-meter", "forward-unclassified"] | None = None
     forge: bool = False
+    pod: str | None = None
+    egress: float | None = Field(default=None, gt=0)
+    ingress: float | None = Field(default=None, gt=0)
+
+    _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
 
     @model_validator(mode="after")
-    def _how(self) -> EventSpec:
+    def _fields(self) -> EventSpec:
         if self.action == "compromise" and self.how is None:
             raise ValueError("how: a compromise needs how (raise-meter, delete-meter or forward-unclassified)")
         if self.action != "compromise" and (self.how is not None or self.forge):
             raise ValueError(f"how, forge: only a compromise takes them, not {self.action}")
+        if self.action == "set-cap":
+            if self.pod is None or self.egress is None or self.ingress is None:
+                raise ValueError("pod, egress, ingress: set-cap needs all three")
+        elif self.dpu is None:
+            raise ValueError(f"dpu: {self.action} needs the DPU it acts on")
         return self
 
 
@@ -264,7 +285,10 @@ class Scenario(_Model):
         limiters |= {f"dpu-{h}" for p in self.topology.pods if p.placement == "node" for h in p.hosts}
         for pi, ph in enumerate(self.phases):
             for ei, ev in enumerate(ph.events):
-                if ev.dpu not in limiters:
+                if ev.action == "set-cap":
+                    if self.cap_of(str(ev.pod)) is None:
+                        raise ValueError(f"phases[{pi}].events[{ei}].pod: {ev.pod!r} has no cap to change")
+                elif ev.dpu not in limiters:
                     raise ValueError(f"phases[{pi}].events[{ei}].dpu: unknown DPU {ev.dpu!r} ({sorted(limiters)})")
                 if ev.at_s > ph.duration_s:
                     raise ValueError(f"phases[{pi}].events[{ei}].at_s: {ev.at_s} is after the phase ends")
@@ -285,6 +309,16 @@ class Scenario(_Model):
     def cap_of(self, pod: str) -> CapSpec | None:
         """The cap set on `pod`, if any."""
         return next((c for c in self.caps if c.pod == pod), None)
+
+    def peak_rates(self, pod: str) -> tuple[float, float]:
+        """The largest egress and ingress rates `pod`'s cap takes during the run (set-cap events too)."""
+        cap = self.cap_of(pod)
+        assert cap is not None
+        changes = [e for ph in self.phases for e in ph.events if e.action == "set-cap" and e.pod == pod]
+        return (
+            max([cap.egress, *(float(e.egress or 0) for e in changes)]),
+            max([cap.ingress, *(float(e.ingress or 0) for e in changes)]),
+        )
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:

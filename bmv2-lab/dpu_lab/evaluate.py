@@ -123,7 +123,7 @@ def evaluate(
         cap = sc.cap_of(pod.name)
         if cap is None:
             continue
-        for direction, rate in directions(cap.egress, cap.ingress):
+        for direction, rate in directions(*sc.peak_rates(pod.name)):
             pieces = parts.get((pod.name, direction), [])
             if pieces:
                 t0, bin_s, bins = measure.merge_series(pieces)  # type: ignore[arg-type]

@@ -68,6 +68,7 @@ class LabRun:
                 ("compromise events", any(e.action == "compromise" for ph in sc.phases for e in ph.events)),
                 ("the audit", sc.audit is not None),
                 ("workloads", any(ph.workloads for ph in sc.phases)),
+                ("evasion flows", any(f.encap != "none" or f.spoof_src for ph in sc.phases for f in ph.flows)),
             )
             if used
         ]
@@ -137,6 +138,12 @@ class LabRun:
             stdin=subprocess.DEVNULL,
         )
         return addr
+
+    async def _set_cap(self, addr: str, pod: str, egress: float, ingress: float) -> None:
+        cap = self.scenario.cap_of(pod)
+        assert cap is not None
+        async with LimiterClient(addr) as client:
+            await client.set_pod_cap(pod, egress, ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode)
 
     async def _configure(self, addr: str) -> None:
         sc = self.scenario
@@ -250,7 +257,16 @@ class LabRun:
         self._say(f"phase [bold]{name}[/] done ({duration:.0f} s)")
 
     def _event(self, ev: EventSpec, t: float) -> None:
-        """Carry out a scenario event (for now: a DPU's target process dies and restarts empty)."""
+        """Carry out a scenario event: a cap change through the API, or a DPU's target dying."""
+        if ev.action == "set-cap":
+            assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
+            assert self.api is not None
+            asyncio.run(self._set_cap(self.api, ev.pod, ev.egress, ev.ingress))
+            self._say(f"event at {t:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
+            self.events.append(
+                {"t_s": round(t, 3), "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
+            )
+            return
         i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
         self._say(f"event at {t:.1f} s: {ev.dpu} killed, back in {ev.down_s:g} s with no pipeline")
         tp.process.kill()  # the process we started, by its handle

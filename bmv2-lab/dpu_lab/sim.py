@@ -6,7 +6,10 @@ plane). A frame's trip is a chain of events: serialisation on each link at its r
 queue), propagation delay, then the next hop. Every event first moves the shared VirtualClock to its
 time, so the targets' meters and timestamps see simulated microseconds.
 
-Traffic sources are paced UDP senders (the scenario's `udp` flows). A source may send large
+Frames are switched and routed by Ethernet address (frames.py), so a flow may carry its datagrams in
+any shape an evader would try (VLAN, IPv6, GRE, VXLAN, fragments, forged sources) and still be
+delivered and counted for its true sender. Traffic sources are paced UDP senders (the scenario's
+`udp` flows). A source may send large
 segments (`segment_bytes`) instead of MTU-sized frames, as TSO does: limiter.p4 meters bytes, so a
 segment of N bytes draws the same tokens as its frames would; what changes is granularity: a
 segment passes or fails as a whole, so near the end of the bucket up to one segment (not one
@@ -18,10 +21,7 @@ and link loss.
 
 from __future__ import annotations
 
-import functools
 import heapq
-import ipaddress
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +30,13 @@ from p4sim.clock import VirtualClock
 
 from .capture import Capture, to_capture
 from .config import Topology
+from .frames import Encap, host_mac, mac_host, mac_port
+from .frames import frame as make_frame
 from .traffic import Timeline, wire_bytes_udp
 
 NS = 1_000_000_000
 DEFAULT_HOST_LINK_BPS = 100e9
 DEFAULT_UPLINK_BPS = 400e9  # Amodo's BlueField-3 links
-ETH_IPV4_UDP = 42
 
 
 class Engine:
@@ -91,51 +92,30 @@ class Link:
 Processor = Callable[[int, bytes], list[tuple[int, bytes]]]
 
 
-def udp_frame(src: str, dst: str, dport: int, payload: int) -> bytes:
-    """An Ethernet/IPv4/UDP frame (checksums left zero: nothing on the path checks them)."""
-    total = 20 + 8 + payload
-    ip = struct.pack(
-        "!BBHHHBBH4s4s",
-        0x45,
-        0,
-        total & 0xFFFF,
-        0,
-        0,
-        64,
-        17,
-        0,
-        ipaddress.IPv4Address(src).packed,
-        ipaddress.IPv4Address(dst).packed,
-    )
-    udp = struct.pack("!HHHH", 40000, dport, (8 + payload) & 0xFFFF, 0)
-    eth = b"\x02\x00\x00\x00\x00\x02" + b"\x02\x00\x00\x00\x00\x01" + b"\x08\x00"
-    return eth + ip + udp + bytes(payload)
-
-
-@functools.lru_cache(maxsize=4096)
-def _source(packed: bytes) -> str:
-    return str(ipaddress.IPv4Address(packed))
-
-
 @dataclass
 class Receiver:
-    """A host's receive side: wire bytes per source in 1 ms bins, datagrams per destination port."""
+    """A host's receive side: wire bytes per sender in 1 ms bins, frames and bytes per flow port.
 
+    The sender and the flow come from the source MAC (frames.py), so a frame is counted for its
+    true sender whatever it carries: a tunnel, IPv6, a VLAN tag, a forged IPv4 source.
+    """
+
+    address_of: dict[tuple[int, int], str]  # (pod index, host index) -> the host's IPv4 address
     bins: dict[str, Timeline] = field(default_factory=dict)
     packets_by_port: dict[int, int] = field(default_factory=dict)
     bytes_by_port: dict[int, int] = field(default_factory=dict)
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
-        src = _source(frame[26:30]) if frame[12:14] == b"\x08\x00" else "non-ipv4"
+        mac = frame[6:12]
+        src = self.address_of.get(mac_host(mac), "unknown")
         tl = self.bins.get(src)
         if tl is None:
             tl = self.bins[src] = Timeline(0.001)
         tl.add(t_s, len(frame))
-        if frame[12:14] == b"\x08\x00" and frame[23] == 17:
-            port = int.from_bytes(frame[36:38], "big")
-            self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
-            self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
+        port = mac_port(mac)
+        self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
+        self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
 
 
 @dataclass
@@ -159,14 +139,12 @@ class SimNetwork:
 
     def __post_init__(self) -> None:
         topo = self.topology
-        self._host_of: dict[bytes, str] = {
-            ipaddress.IPv4Address(topo.address_of(h)).packed: h for p in topo.pods for h in p.hosts
-        }
+        # Frames are switched and routed by Ethernet address (frames.host_mac), never by what an
+        # evading sender may put in or around its IP header.
+        self.mac_of = {h: host_mac(pi, hi + 1) for pi, p in enumerate(topo.pods) for hi, h in enumerate(p.hosts)}
+        self._host_of: dict[tuple[int, int], str] = {mac_host(m): h for h, m in self.mac_of.items()}
         self._pod_of_host = {h: p.name for p in topo.pods for h in p.hosts}
-        self._nets = [
-            (int(ipaddress.IPv4Network(p.subnet).network_address), int(ipaddress.IPv4Network(p.subnet).netmask), p.name)
-            for p in topo.pods
-        ]
+        addresses = {mac_host(m): topo.address_of(h) for h, m in self.mac_of.items()}
         self._from_host: dict[str, Link] = {}  # a host's own link, into its limiter or its switch
         self._switch_to_host: dict[str, Link] = {}  # toward a host: into its limiter or the host itself
         self._switch_up: dict[str, Link] = {}  # a pod's way out: into its uplink limiter or the router
@@ -174,7 +152,7 @@ class SimNetwork:
         e, hb, ub = self.engine, self.host_link_bps, self.uplink_bps
         # Scale-up links (NVSwitch paths): host to host, no limiter, no router.
         self._scaleup: dict[tuple[str, str], Link] = {}
-        self.receivers.update({h: Receiver() for h in self._pod_of_host})
+        self.receivers.update({h: Receiver(addresses) for h in self._pod_of_host})
         for su in topo.scaleup_links:
             self._scaleup[(su.a, su.b)] = Link(e, su.rate, self._host_in(su.b))
             self._scaleup[(su.b, su.a)] = Link(e, su.rate, self._host_in(su.a))
@@ -200,23 +178,22 @@ class SimNetwork:
                 self._switch_up[pod.name] = Link(e, ub, self._limiter_in(name, 0, outs))
                 self._router_down[pod.name] = Link(e, ub, self._limiter_in(name, 1, outs))
 
-    def pod_of_ip(self, packed: bytes) -> str | None:
-        """The pod whose subnet holds an address."""
-        addr = int.from_bytes(packed, "big")
-        return next((name for net, mask, name in self._nets if addr & mask == net), None)
+    def _pod_of_mac(self, mac: bytes) -> str | None:
+        host = self._host_of.get(mac_host(mac))
+        return None if host is None else self._pod_of_host[host]
 
     def send_from(self, host: str, frame: bytes) -> None:
         """A host puts a frame on its link, or on a scale-up link when that reaches the destination."""
-        dst = self._host_of.get(frame[30:34])
+        dst = self._host_of.get(mac_host(frame[0:6]))
         bypass = self._scaleup.get((host, dst)) if dst is not None else None
         (bypass or self._from_host[host]).send(frame)
 
     def _switch_in(self, pod: str) -> Callable[[bytes], None]:
         def switch(frame: bytes) -> None:
-            dst = self._host_of.get(frame[30:34])
+            dst = self._host_of.get(mac_host(frame[0:6]))
             if dst is not None and self._pod_of_host[dst] == pod:
                 self._switch_to_host[dst].send(frame)
-            elif self.pod_of_ip(frame[26:30]) == pod or dst is None:
+            elif self._pod_of_mac(frame[6:12]) == pod:
                 self._switch_up[pod].send(frame)  # leaving the pod (or addressed to no known host)
 
         return switch
@@ -233,12 +210,12 @@ class SimNetwork:
         return limiter
 
     def _router_in(self, frame: bytes) -> None:
-        pod = self.pod_of_ip(frame[30:34]) if frame[12:14] == b"\x08\x00" else None
+        pod = self._pod_of_mac(frame[0:6])
         if pod is None:
             self.dropped_no_route += 1
             return
         t_s = self.engine.now_ns / NS
-        src = self.pod_of_ip(frame[26:30])
+        src = self._pod_of_mac(frame[6:12])  # the port it came in on, as a router would count it
         if src != pod:
             if src is not None:
                 self._count(src, "egress", t_s, len(frame))
@@ -303,9 +280,15 @@ def udp_source(
     port: int,
     segments: list[tuple[int, int, float]],
     payload: int,
+    encap: Encap = "none",
+    spoof_src: str | None = None,
 ) -> UdpSource:
-    """A UDP source from `src` to `dst`'s `port` sending `payload`-byte datagrams on `segments`."""
+    """A UDP source from `src` to `dst`'s `port` sending `payload`-byte datagrams on `segments`,
+    shaped as `encap` (frames.py) and with a forged IPv4 source if `spoof_src`."""
     topo = net.topology
-    frame = udp_frame(topo.address_of(src), topo.address_of(dst), port, payload)
-    assert len(frame) == wire_bytes_udp(payload)
+    src_mac = net.mac_of[src][:4] + bytes([port >> 8, port & 0xFF])
+    frame = make_frame(
+        encap, topo.address_of(src), topo.address_of(dst), port, payload, src_mac, net.mac_of[dst], spoof_src
+    )
+    assert encap != "none" or len(frame) == wire_bytes_udp(payload)
     return UdpSource(net, src, frame, segments)

@@ -20,7 +20,8 @@ from p4sim.server import Device, add_to_server
 from .audit import Auditor
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
-from .evaluate import LabDpu, configure, dpu_counters, evaluate
+from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate
+from .frames import Encap
 from .report import Flow, Phase, Report, write_report
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
@@ -43,6 +44,8 @@ class _Sending:
     dst: str
     segments: list[tuple[int, int, float]]  # (start_ns, end_ns, rate_bps)
     payload: int
+    encap: Encap = "none"
+    spoof_src: str | None = None
     port: int = 0
     source: UdpSource | None = None
     delivered_bytes: int = 0
@@ -104,6 +107,7 @@ class VirtualLabRun:
     console: Console = field(default_factory=lambda: Console(stderr=True))
     stats: dict[str, float] = field(default_factory=dict)
     _workloads: list[tuple[str, WorkloadSpec, list[_Sending]]] = field(default_factory=list)
+    series: PlotSeries = field(default_factory=dict)  # receiver-side throughput, as plotted (after run())
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -111,11 +115,6 @@ class VirtualLabRun:
         if tcp:
             raise ConfigError(
                 f"TCP flows are not modelled in virtual time yet ({', '.join(tcp)}); use --time real, or UDP flows"
-            )
-        restarts = [e.dpu for ph in self.scenario.phases for e in ph.events if e.action == "restart-dpu"]
-        if restarts:
-            raise ConfigError(
-                f"restart-dpu events are not modelled in virtual time yet ({', '.join(restarts)}); use --time real"
             )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
@@ -128,14 +127,19 @@ class VirtualLabRun:
         sc = self.scenario
         clock = VirtualClock()
         devices: dict[str, Device] = {}
-        servers: list[grpc.aio.Server] = []
+        self._servers: dict[str, tuple[grpc.aio.Server, int]] = {}
         dpus: list[LabDpu] = []
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
         # No real-time rebalancing loop and no periodic read-back: between simulation steps, rebalancing
         # and the audit run on simulated time, so a run does not depend on how fast this machine is.
         plane = ControlPlane(
-            db, "127.0.0.1:0", rebalance_interval_s=REBALANCE_S, rebalance_loop=False, resync_s=NEVER_S
+            db,
+            "127.0.0.1:0",
+            rebalance_interval_s=REBALANCE_S,
+            rebalance_loop=False,
+            resync_s=NEVER_S,
+            lease_loop=False,
         )
         try:
             for name, role, pod_name in limiters_of(sc):
@@ -144,22 +148,76 @@ class VirtualLabRun:
                 add_to_server(server, device)
                 port = server.add_insecure_port("127.0.0.1:0")
                 await server.start()
-                devices[name], servers = device, [*servers, server]
+                devices[name], self._servers[name] = device, (server, port)
                 dpus.append(LabDpu(name, role, pod_name, f"127.0.0.1:{port}", len(devices)))
             await plane.start()
             async with LimiterClient(plane.address) as client:
                 await configure(client, sc, dpus)
             self._say(f"scenario [bold]{sc.name}[/]: {len(devices)} embedded targets programmed by the control plane")
             report, series = await self._simulate(clock, devices, plane)
+            self.series = series
             report.dpu_counters = await dpu_counters(plane.address)
         finally:
             await plane.stop()
-            for server in servers:
+            for server, _ in self._servers.values():
                 await server.stop(grace=0)
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")
         return report
+
+    async def _event(
+        self, ev: EventSpec, t_s: float, devices: dict[str, Device], plane: ControlPlane
+    ) -> dict[str, object]:
+        """Carry out a scenario event at simulated time `t_s`; returns its record for the report."""
+        if ev.action == "set-cap":
+            assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
+            cap = self.scenario.cap_of(ev.pod)
+            assert cap is not None
+            async with LimiterClient(plane.address) as client:
+                await client.set_pod_cap(
+                    ev.pod, ev.egress, ev.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode
+                )
+                await client.wait_converged(timeout=60)
+            self._say(f"t={t_s:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
+            return {"t_s": t_s, "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
+        assert ev.dpu is not None
+        if ev.action == "restart-dpu":
+            await self._kill(ev.dpu, devices[ev.dpu])
+            self._say(f"t={t_s:.1f} s: {ev.dpu} down for {ev.down_s:g} s, back with no pipeline")
+            return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s}
+        assert ev.how is not None
+        compromise(devices[ev.dpu], ev.how, ev.forge)
+        self._say(f"t={t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
+        return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
+
+    async def _kill(self, name: str, device: Device) -> None:
+        """The DPU dies: its P4Runtime server goes away and it forgets its pipeline and state."""
+        server, _ = self._servers[name]
+        await server.stop(grace=0)
+        with device.lock:
+            device.pipeline = device.saved = device.data_plane = None
+
+    async def _revive(self, name: str, device: Device, plane: ControlPlane, timeout_s: float = 60.0) -> None:
+        """The DPU is back, empty, on the same address; the simulation waits for the control plane.
+
+        Reprogramming takes no simulated time (the simulation is paused meanwhile): what the run
+        shows is the outage and that the DPU comes back capped, not how long a control plane takes.
+        """
+        _, port = self._servers[name]
+        server = grpc.aio.server()
+        add_to_server(server, device)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        self._servers[name] = (server, port)
+        agent = plane.service.agents[name]
+        deadline = time.monotonic() + timeout_s
+        while not (
+            device.pipeline is not None and agent.status.connected and agent.holds(plane.service.state.generation)
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: not reprogrammed within {timeout_s:g} s of its restart")
+            await asyncio.sleep(0.05)
 
     async def _simulate(  # type: ignore[type-arg]
         self, clock: VirtualClock, devices: dict[str, Device], plane: ControlPlane
@@ -177,7 +235,9 @@ class VirtualLabRun:
             for f in ph.flows:
                 assert f.rate is not None
                 seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate)]
-                sending.append(_Sending(phase, f.name, f.src, f.dst, seg, self.segment_bytes or f.size))
+                sending.append(
+                    _Sending(phase, f.name, f.src, f.dst, seg, self.segment_bytes or f.size, f.encap, f.spoof_src)
+                )
             for w in ph.workloads:
                 first = len(sending)
                 for stream in expand(w, hosts, ph.duration_s):
@@ -191,7 +251,7 @@ class VirtualLabRun:
             t += ph.duration_s
         for port, s in enumerate(sending, BASE_PORT):
             s.port = port
-            s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload)
+            s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload, s.encap, s.spoof_src)
             s.source.start()
         end_ns = int((t + LINGER_S) * NS)
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -201,25 +261,39 @@ class VirtualLabRun:
             agents = plane.service.agents
             pods_of = {name: agents[name].dpu.pod for name in devices}
             auditor = Auditor(sc, net.router_counts, agents, pods_of, checks=sc.audit.checks)
-        plan = _stops(sc, end_ns, REBALANCE_S if rebalancing else None, sc.audit.interval_s if sc.audit else None)
+        plan = _stops(
+            sc,
+            end_ns,
+            REBALANCE_S if rebalancing else None,
+            sc.audit.interval_s if sc.audit else None,
+            plane.service.lease_s / 3,
+        )
         compromises: list[dict[str, object]] = []
+        events: list[dict[str, object]] = []
         for t_ns, todo in plan:
             # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
             await asyncio.to_thread(engine.run, t_ns)
             # The control plane, the audit and compromised firmware act in no simulated time.
+            if "lease" in todo:
+                service = plane.service
+                tickets = service.renew_leases()
+                await asyncio.gather(*(service.agents[n].wait_applied(t, 30.0) for n, t in tickets.items()))
             if "rebalance" in todo:
                 for pod in rebalancing:
                     if await plane.service.rebalance_pod(pod, t_ns / NS):
                         await plane.service.settle(pod)
             if "audit" in todo and auditor is not None:
                 await auditor.tick(t_ns / NS)
+            for ev in todo.get("revive", []):
+                assert isinstance(ev, EventSpec) and ev.dpu is not None
+                await self._revive(ev.dpu, devices[ev.dpu], plane)
+                self._say(f"t={t_ns / NS:.1f} s: {ev.dpu} back, reprogrammed by the control plane")
             for ev in todo.get("events", []):
-                assert isinstance(ev, EventSpec) and ev.how is not None
-                compromise(devices[ev.dpu], ev.how, ev.forge)
-                compromises.append(
-                    {"t_s": t_ns / NS, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
-                )
-                self._say(f"t={t_ns / NS:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
+                assert isinstance(ev, EventSpec)
+                done = await self._event(ev, t_ns / NS, devices, plane)
+                events.append(done)
+                if ev.action == "compromise":
+                    compromises.append(done)
         self.stats = {
             "virtual_s": end_ns / NS,
             "cpu_s": time.process_time() - cpu0,
@@ -252,7 +326,7 @@ class VirtualLabRun:
         duration = sum(ph.duration_s for ph in sc.phases)
         report, series = evaluate(sc, net.captures(), phases, flows, 0.0, duration, "embedded", "simulated")
         report.time = "virtual"
-        report.events = compromises
+        report.events = events
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
         if auditor is not None and sc.audit is not None:
             report.audit = auditor.summary(sc.audit.interval_s, compromises)
@@ -265,11 +339,11 @@ class VirtualLabRun:
 
 
 def _stops(
-    sc: Scenario, end_ns: int, rebalance_s: float | None, audit_s: float | None
+    sc: Scenario, end_ns: int, rebalance_s: float | None, audit_s: float | None, renew_s: float
 ) -> list[tuple[int, dict[str, list[object]]]]:
     """Simulated instants where the simulation pauses, each with what happens then, in time order."""
     stops: dict[int, dict[str, list[object]]] = {end_ns: {}}
-    for what, every in (("rebalance", rebalance_s), ("audit", audit_s)):
+    for what, every in (("lease", renew_s), ("rebalance", rebalance_s), ("audit", audit_s)):
         if every is not None:
             for k in range(1, int(end_ns / (every * NS)) + 1):
                 stops.setdefault(int(k * every * NS), {})[what] = []
@@ -277,5 +351,7 @@ def _stops(
     for ph in sc.phases:
         for ev in ph.events:
             stops.setdefault(int((start + ev.at_s) * NS), {}).setdefault("events", []).append(ev)
+            if ev.action == "restart-dpu":
+                stops.setdefault(int((start + ev.at_s + ev.down_s) * NS), {}).setdefault("revive", []).append(ev)
         start += ph.duration_s
     return sorted((t, todo) for t, todo in stops.items() if t <= end_ns)

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from ._proto.limiter.v1 import limiter_pb2 as pb
     from .client import LimiterClient
 
+from .units import DEFAULT_LEASE_S
+
 DEFAULT_SERVER = "127.0.0.1:50100"
 
 
@@ -81,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
     serve.add_argument("--listen", default=DEFAULT_SERVER, help=f"listen address (default {DEFAULT_SERVER})")
     serve.add_argument("--metrics-listen", metavar="ADDR", help="serve Prometheus metrics on ADDR (e.g. :9100)")
+    serve.add_argument(
+        "--lease-s",
+        type=float,
+        default=DEFAULT_LEASE_S,
+        help=f"lease lifetime: a DPU out of touch this long falls to its floor (default {DEFAULT_LEASE_S:g} s)",
+    )
     serve.add_argument(
         "--tls-dir",
         type=Path,
@@ -196,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p4rt = args.p4runtime_tls_dir
         p4rt_tls = TlsFiles(p4rt / "ca.pem", p4rt / "verifier.pem", p4rt / "verifier.key") if p4rt else None
         try:
-            asyncio.run(serve(args.db, args.listen, args.metrics_listen, tls, p4rt_tls))
+            if not args.lease_s > 0:
+                raise ValueError(f"--lease-s: must be > 0 seconds, got {args.lease_s!r}")
+            asyncio.run(serve(args.db, args.listen, args.metrics_listen, tls, p4rt_tls, args.lease_s))
         except ValueError as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 2
@@ -458,21 +468,42 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
     return 0
 
 
+# Usage table columns: the last three are what the DPU dropped (meter red, window budget, no lease).
+USAGE_COLUMNS = (
+    "exempt_bytes",
+    "metered_bytes",
+    "green_bytes",
+    "yellow_bytes",
+    "red_bytes",
+    "window_bytes",
+    "lease_bytes",
+    "spoofed_bytes",
+)
+
+
 def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     if cmd == "usage":
-        t = Table("pod", "direction", "exempt B", "metered B", "green B", "yellow B", "red B (dropped)")
+        t = Table(
+            "pod",
+            "direction",
+            "exempt B",
+            "metered B",
+            "green B",
+            "yellow B",
+            "red B",
+            "window B",
+            "no lease B",
+            "spoofed B",
+        )
         for u in doc.get("usage", []):
             t.add_row(
                 u["pod"],
                 u["direction"],
-                *(
-                    str(u.get(k, 0))
-                    for k in ("exempt_bytes", "metered_bytes", "green_bytes", "yellow_bytes", "red_bytes")
-                ),
+                *(str(u.get(k, 0)) for k in USAGE_COLUMNS),
             )
         console.print(t)
     elif cmd == "status":

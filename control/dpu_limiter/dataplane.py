@@ -32,8 +32,11 @@ COLOR_COUNTER = "LimiterIngress.color_counter"
 
 # A DPU limits one subject (its pod, or its node): cell 0 is egress, cell 1 ingress.
 CELLS = {"egress": 0, "ingress": 1}
-CLASSES = {"intra": 0, "arp": 1, "ipv4": 2, "fragment": 3, "other": 4}
-COLORS = {"green": 0, "yellow": 1, "red": 2, "window": 3}
+CLASSES = {"intra": 0, "arp": 1, "ipv4": 2, "fragment": 3, "other": 4, "spoofed": 5}
+COLORS = {"green": 0, "yellow": 1, "red": 2, "window": 3, "lease": 4}  # colour-counter codes, cell * 8 + code
+TABLE_LEASE = "LimiterIngress.lease_cfg"
+ACTION_LEASE = "LimiterIngress.lease"
+MAX_LEASE_GEN = (1 << 32) - 1
 
 # Unset cap: the meter still runs, at zero: only exempt traffic crosses (fail closed).
 FLOOR = MeterParams(cir=0, cburst=0, pir=0, pburst=0)
@@ -73,7 +76,8 @@ class Intent:
     meters: dict[int, MeterParams]
     windows: dict[int, tuple[int, int]]  # cell -> (budget bytes, slot multiplier), window mode only
     prefixes: tuple[str, ...]
-    boundary: tuple[tuple[int, int, int], ...]  # (ingress_port, egress_port, cell)
+    boundary: tuple[tuple[int, int, int, int], ...]  # (ingress_port, egress_port, cell, inside)
+    lease: tuple[int, int] | None = None  # (generation, lifetime in microseconds); None: no lease, the floor
 
 
 def allowances(dpu: Dpu, cap: Cap) -> dict[str, int]:
@@ -111,8 +115,8 @@ def check_fits(dpu: Dpu, cap: Cap, what: str, blame_dpu: bool = False) -> None:
         )
 
 
-def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None) -> Intent:
-    """Desired data-plane state of `dpu` given its pod and the pod's cap (if any)."""
+def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None, lease: tuple[int, int] | None = None) -> Intent:
+    """Desired data-plane state of `dpu` given its pod, the pod's cap (if any) and its lease (if any)."""
     windows: dict[int, tuple[int, int]] = {}
     if cap is None:
         meters = {CELLS["egress"]: FLOOR, CELLS["ingress"]: FLOOR}
@@ -125,11 +129,18 @@ def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None) -> Intent:
     else:
         bursts = allowances(dpu, cap)
         meters = {cell: cap_meter(getattr(cap, f"{d}_bps"), bursts[d], f"cap.{d}_bps") for d, cell in CELLS.items()}
+    # From the host side, IPv4 must carry the pod's own sources (limiter.p4 drops the rest as spoofed).
     boundary = (
-        (dpu.host_port, dpu.uplink_port, CELLS["egress"]),
-        (dpu.uplink_port, dpu.host_port, CELLS["ingress"]),
+        (dpu.host_port, dpu.uplink_port, CELLS["egress"], 1),
+        (dpu.uplink_port, dpu.host_port, CELLS["ingress"], 0),
     )
-    return Intent(meters=meters, windows=windows, prefixes=pod.ipv4_prefixes if pod else (), boundary=boundary)
+    return Intent(
+        meters=meters,
+        windows=windows,
+        prefixes=pod.ipv4_prefixes if pod else (),
+        boundary=boundary,
+        lease=lease if cap is not None else None,
+    )
 
 
 def meter_reads(intent: Intent) -> list[fy.P4MeterEntry]:
@@ -188,15 +199,25 @@ def window_entities(intent: Intent) -> list[fy.P4TableEntry]:
     ]
 
 
+def lease_entity(intent: Intent) -> fy.P4TableEntry:
+    """lease_cfg's default action: the lease, or NoAction (none: metered traffic is dropped)."""
+    if intent.lease is None:
+        action = fy.P4TableAction(ACTION_NO_ACTION)
+    else:
+        gen, lifetime_us = intent.lease
+        action = fy.P4TableAction(ACTION_LEASE, gen=gen, lifetime=lifetime_us)
+    return fy.P4TableEntry(TABLE_LEASE, action=action, is_default_action=True)
+
+
 def boundary_entities(intent: Intent) -> list[fy.P4TableEntry]:
     """Port-to-port crossings, each with its cell."""
     return [
         fy.P4TableEntry(
             TABLE_BOUNDARY,
             match=fy.P4TableMatch({FIELD_INGRESS_PORT: in_port}),
-            action=fy.P4TableAction(ACTION_CROSS, port=out_port, cell=cell),
+            action=fy.P4TableAction(ACTION_CROSS, port=out_port, cell=cell, inside=inside),
         )
-        for in_port, out_port, cell in intent.boundary
+        for in_port, out_port, cell, inside in intent.boundary
     ]
 
 
@@ -215,6 +236,7 @@ class Plan:
     set_windows: list[fy.P4TableEntry]  # inserts, then modifies (before the meters open up)
     modify_windows: list[fy.P4TableEntry]
     meters: list[fy.P4MeterEntry]
+    lease: list[fy.P4TableEntry]  # lease_cfg's default action, when it differs (renewal or revocation)
     insert_exemptions: list[fy.P4TableEntry]
     insert_boundary: list[fy.P4TableEntry]
     modify_boundary: list[fy.P4TableEntry]
@@ -228,6 +250,7 @@ class Plan:
             for k, v in (
                 ("stale exemptions removed", self.delete_exemptions),
                 ("meter cells rewritten", self.meters),
+                ("leases written", self.lease),
                 ("exemptions restored", self.insert_exemptions),
                 ("crossings restored", self.insert_boundary),
                 ("crossings corrected", self.modify_boundary),
@@ -248,6 +271,7 @@ class Plan:
             for x in (
                 self.delete_exemptions,
                 self.meters,
+                self.lease,
                 self.insert_exemptions,
                 self.insert_boundary,
                 self.modify_boundary,
@@ -267,9 +291,9 @@ def plan(
 ) -> Plan:
     """Diff the intent against the entries read back from the DPU.
 
-    Order (tighten before loosen): drop stale exemptions, set window budgets, set meters, add
-    exemptions, then boundary entries (which let traffic cross), and only then remove stale
-    crossings and stale window budgets (the meters have tightened by then).
+    Order (tighten before loosen): drop stale exemptions, set window budgets, set meters, the
+    lease, add exemptions, then boundary entries (which let traffic cross), and only then remove
+    stale crossings and stale window budgets (the meters have tightened by then).
     """
 
     def keyed(entries: list[fy.P4TableEntry]) -> dict[bytes, tuple[fy.P4TableEntry, p4r.TableEntry]]:
@@ -279,6 +303,14 @@ def plan(
             out[entry_key(pb_entry)] = (e, pb_entry)
         return out
 
+    lease = lease_entity(intent)
+    # Read back, finsy names tables by alias: compare encoded entries, by table id.
+    lease_id = schema.tables[TABLE_LEASE].id
+    held_lease = [
+        te for te in (e.encode(schema).table_entry for e in current if e.is_default_action) if te.table_id == lease_id
+    ]
+    lease_ok = bool(held_lease) and held_lease[0].action == lease.encode(schema).table_entry.action
+    current = [e for e in current if not e.is_default_action]
     have = keyed(current)
     want = {
         TABLE_SRC_IN_POD: keyed(prefix_entities(intent)),
@@ -303,6 +335,7 @@ def plan(
         set_windows=inserts(TABLE_WINDOW),
         modify_windows=modifies(TABLE_WINDOW),
         meters=meter_mismatches(intent, meters),
+        lease=[] if lease_ok else [lease],
         insert_exemptions=inserts(TABLE_SRC_IN_POD),
         insert_boundary=inserts(TABLE_BOUNDARY),
         modify_boundary=modifies(TABLE_BOUNDARY),
@@ -318,6 +351,7 @@ def managed_tables() -> list[fy.P4TableEntry]:
         fy.P4TableEntry(TABLE_SRC_IN_POD),
         fy.P4TableEntry(TABLE_DST_IN_POD),
         fy.P4TableEntry(TABLE_WINDOW),
+        fy.P4TableEntry(TABLE_LEASE, is_default_action=True),
     ]
 
 
@@ -326,5 +360,5 @@ def usage_reads() -> list[fy.P4CounterEntry]:
     reads = []
     for cell in CELLS.values():
         reads += [fy.P4CounterEntry(CLASS_COUNTER, index=cell * 8 + c) for c in CLASSES.values()]
-        reads += [fy.P4CounterEntry(COLOR_COUNTER, index=cell * 4 + c) for c in COLORS.values()]
+        reads += [fy.P4CounterEntry(COLOR_COUNTER, index=cell * 8 + c) for c in COLORS.values()]
     return reads

@@ -26,6 +26,9 @@ BYTE_FIELDS = (
     "red_bytes",
     "other_bytes",
     "fragment_bytes",
+    "window_bytes",
+    "lease_bytes",
+    "spoofed_bytes",
 )
 
 

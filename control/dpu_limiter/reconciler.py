@@ -185,6 +185,8 @@ class DpuAgent:
             await sw.modify(p.modify_windows)
         if p.meters:
             await sw.modify(p.meters)
+        if p.lease:
+            await sw.modify(p.lease)
         if p.insert_exemptions:
             await sw.insert(p.insert_exemptions)
         if p.insert_boundary:
@@ -229,7 +231,7 @@ class DpuAgent:
             for name, k in dp.CLASSES.items():
                 d[name] = cells.get((dp.CLASS_COUNTER, cell * 8 + k), (0, 0))
             for name, k in dp.COLORS.items():
-                d[name] = cells.get((dp.COLOR_COUNTER, cell * 4 + k), (0, 0))
+                d[name] = cells.get((dp.COLOR_COUNTER, cell * 8 + k), (0, 0))
             out[direction] = d
         return out
 

@@ -16,6 +16,7 @@ from .reconciler import RESYNC_S
 from .service import LimiterService
 from .store import Store
 from .tls import TlsFiles
+from .units import DEFAULT_LEASE_S
 
 LOG = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class ControlPlane:
         rebalance_interval_s: float = 2.0,
         rebalance_loop: bool = True,
         resync_s: float = RESYNC_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        lease_loop: bool = True,
     ) -> None:
         self.store = Store(db_path)
         self.service = LimiterService(
@@ -44,6 +47,8 @@ class ControlPlane:
             rebalance_interval_s=rebalance_interval_s,
             rebalance_loop=rebalance_loop,
             resync_s=resync_s,
+            lease_s=lease_s,
+            lease_loop=lease_loop,
         )
         self.server = grpc.aio.server()
         api.add_to_server(self.server, self.service, mtls=tls is not None)
@@ -82,9 +87,12 @@ async def serve(
     metrics_listen: str | None = None,
     tls: TlsFiles | None = None,
     p4runtime_tls: TlsFiles | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> None:
     """Serve until SIGINT/SIGTERM."""
-    cp = ControlPlane(db_path, listen, metrics_listen=metrics_listen, tls=tls, p4runtime_tls=p4runtime_tls)
+    cp = ControlPlane(
+        db_path, listen, metrics_listen=metrics_listen, tls=tls, p4runtime_tls=p4runtime_tls, lease_s=lease_s
+    )
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)
     metrics = f", metrics on http://{metrics_listen}/metrics" if metrics_listen else ""

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
 from .reconciler import ELECTION_ID, RESYNC_S, AgentStatus, DpuAgent
 from .store import Store
 from .tls import TlsFiles
+from .units import DEFAULT_LEASE_S
 
 LOG = logging.getLogger(__name__)
 
@@ -38,6 +40,9 @@ class DirectionUsage:
     fragment_bytes: int
     metered_packets: int
     red_packets: int
+    window_bytes: int  # dropped over the window budget
+    lease_bytes: int  # dropped for want of a valid lease
+    spoofed_bytes: int  # dropped: IPv4 from inside the pod with a source outside it
 
 
 class LimiterService:
@@ -52,9 +57,17 @@ class LimiterService:
         rebalance_interval_s: float = 2.0,
         rebalance_loop: bool = True,
         resync_s: float = RESYNC_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        lease_loop: bool = True,
     ) -> None:
         self.store = store
         self.resync_s = resync_s
+        # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
+        # generation (seeded at random, so a restarted control plane never repeats the last one).
+        self.lease_s = lease_s
+        self.lease_gen = secrets.randbits(32)
+        self.lease_loop = lease_loop
+        self._leaser: asyncio.Task[None] | None = None
         self.p4runtime_tls = p4runtime_tls
         self.program = program or dp.limiter_program()
         self.election_id = election_id
@@ -81,6 +94,8 @@ class LimiterService:
             self._reshare(pod)
         if self.rebalance_loop:
             self._rebalancer = asyncio.create_task(self._rebalance_loop(self.rebalance_interval_s))
+        if self.lease_loop:
+            self._leaser = asyncio.create_task(self._lease_loop())
 
     async def stop(self) -> None:
         """Stop every agent."""
@@ -88,6 +103,8 @@ class LimiterService:
             task.cancel()
         if self._rebalancer is not None:
             self._rebalancer.cancel()
+        if self._leaser is not None:
+            self._leaser.cancel()
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
         self.agents.clear()
 
@@ -95,11 +112,25 @@ class LimiterService:
         def intent() -> tuple[int, dp.Intent]:
             st = self.state
             cap = self.shares.get(dpu.name) if dpu.role == Role.NODE else st.caps.get(dpu.pod)
-            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap)
+            lease = (self.lease_gen, round(self.lease_s * 1e6))
+            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease)
 
         agent = DpuAgent(dpu, self.program, intent, self.election_id, self.p4runtime_tls, self.resync_s)
         self.agents[dpu.name] = agent
         agent.start()
+
+    # ---------------------------------------------------------------- leases
+
+    def renew_leases(self) -> dict[str, int]:
+        """Give every DPU a new lease generation now; returns each agent's ticket to wait on."""
+        self.lease_gen = (self.lease_gen + 1) & dp.MAX_LEASE_GEN
+        return {name: agent.poke() for name, agent in self.agents.items()}
+
+    async def _lease_loop(self) -> None:
+        # A third of the lifetime between renewals: one lost renewal does not let a lease lapse.
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            self.renew_leases()
 
     def _poke_pod(self, pod: str) -> None:
         for agent in self.agents.values():
@@ -361,6 +392,9 @@ class LimiterService:
                         fragment_bytes=b("fragment"),
                         metered_packets=pk("ipv4") + pk("fragment") + pk("other"),
                         red_packets=pk("red"),
+                        window_bytes=b("window"),
+                        lease_bytes=b("lease"),
+                        spoofed_bytes=b("spoofed"),
                     )
                 )
         return out

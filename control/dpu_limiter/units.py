@@ -24,6 +24,8 @@ MIN_DEFAULT_BURST = 16 * 1024
 # one packet by which a receiver-side window may exceed its allowance (DESIGN.md, compliance).
 MAX_FRAME_BYTES = 1518
 DEFAULT_BURST_SECONDS = 0.1
+# Default lease lifetime: a DPU out of touch with the control plane this long falls to its floor.
+DEFAULT_LEASE_S = 30.0
 
 
 class UnitError(ValueError):

@@ -120,6 +120,7 @@ def drive(args: argparse.Namespace) -> dict[str, Any]:
             te.match[MATCH_FIELD] = "0"
             te.action["port"] = "1"
             te.action["cell"] = "0"
+            te.action["inside"] = "1"
             te.insert()
 
         run_step(f"insert into {TABLE}", insert)

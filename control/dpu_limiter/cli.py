@@ -72,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --time virtual: send UDP payload segments of N bytes (as TSO does) instead of the flows' size",
     )
+    sweep = lab.add_parser(
+        "sweep",
+        help="run a scenario over a grid (caps x placements x attacks) in virtual time; write sweep.csv, sweep.png",
+        description="Run every point of a sweep file (bmv2-lab/dpu_lab/sweep.py) in virtual time, in parallel "
+        "processes, each with its own report folder under --out, then one table and one figure.",
+    )
+    sweep.add_argument("sweep", type=Path, help="sweep YAML (e.g. bmv2-lab/sweeps/attacks.yaml)")
+    sweep.add_argument("--out", type=Path, required=True, help="output folder")
+    sweep.add_argument("--jobs", type=int, default=None, help="parallel runs (default: one per core)")
     run.add_argument(
         "--traffic",
         choices=["auto", "iperf3", "builtin"],
@@ -185,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return target_main(args_in[1:], prog="dpu-limiter target")
     args = _parser().parse_args(args_in)
     if args.cmd == "lab":
-        return _lab_run(args)
+        return _lab_sweep(args) if args.lab_cmd == "sweep" else _lab_run(args)
     if args.cmd == "audit":
         return _audit(args)
     if args.cmd == "certs":
@@ -216,6 +225,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except grpc.aio.AioRpcError as exc:
         print(f"dpu-limiter: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
+
+
+def _lab_sweep(args: argparse.Namespace) -> int:
+    from dpu_lab.config import ConfigError
+    from dpu_lab.sweep import run_sweep
+
+    if args.jobs is not None and args.jobs < 1:
+        print(f"dpu-limiter: --jobs: must be >= 1 (got {args.jobs})", file=sys.stderr)
+        return 2
+    try:
+        rows = run_sweep(args.sweep, args.out, args.jobs)
+    except ConfigError as exc:
+        print(f"dpu-limiter: {exc}", file=sys.stderr)
+        return 2
+    held = sum(1 for r in rows if r["compliant"])
+    print(f"{len(rows)} runs, cap held in {held}; {args.out / 'sweep.csv'}, {args.out / 'sweep.png'}")
+    return 0
 
 
 def _lab_run(args: argparse.Namespace) -> int:

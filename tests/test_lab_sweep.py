@@ -1,0 +1,61 @@
+"""`dpu-limiter lab sweep`: a grid of virtual-time runs in parallel, one CSV row and one bar per point."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from dpu_lab.config import ConfigError
+from dpu_lab.sweep import load_sweep
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_a_small_sweep_runs_every_point(tmp_path: Path) -> None:
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "small",
+                "scenario": str(ROOT / "bmv2-lab" / "scenarios" / "compromised-dpu.yaml"),
+                "axes": {"cap": ["10M"], "placement": ["pod-uplink"], "attack": ["none", "raise-meter+forge"]},
+                "attack_at_s": 5,
+            }
+        )
+    )
+    _, base = load_sweep(sweep)
+    assert [c.pod for c in base.caps] == ["a", "b"]
+    out = tmp_path / "out"
+    res = subprocess.run(
+        [sys.executable, "-m", "dpu_limiter.cli", "lab", "sweep", str(sweep), "--out", str(out), "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [r["attack"] for r in rows] == ["none", "raise-meter+forge"]
+    clean, attacked = rows
+    assert clean["compliant"] == "True" and clean["detected"] == "False" and clean["false_alarms"] == "0"
+    # The cap axis caps every pod: b's honest DPU still holds a's traffic to b's 10 Mbit/s ingress
+    # cap, so the cap holds at the receivers while the audit catches a's lying DPU.
+    assert attacked["compliant"] == "True" and attacked["detected"] == "True"
+    assert "conservation" in attacked["detected_by"] and attacked["false_alarms"] == "0"
+    assert 0 < float(attacked["time_to_detection_s"]) <= 1.0
+    assert (out / "sweep.png").is_file() and (out / "cap-10M_pod-uplink_none" / "report.json").is_file()
+
+
+def test_bad_sweep_files_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "x", "scenario": "nope.yaml", "axes": {"attack": ["melt"]}}))
+    with pytest.raises(ConfigError, match="attack"):
+        load_sweep(bad)
+    bad.write_text(yaml.safe_dump({"name": "x", "scenario": "nope.yaml", "axes": {"cap": ["fast"]}}))
+    with pytest.raises(ConfigError, match="cap"):
+        load_sweep(bad)

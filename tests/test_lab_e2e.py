@@ -72,6 +72,30 @@ def check_report(report: dict, target: str) -> None:  # type: ignore[type-arg]
     counters = {(u["pod"], u["direction"]): u for u in report["dpu_counters"]}
     assert int(counters[("a", "egress")]["red_bytes"]) > 0
     assert int(counters[("a", "egress")]["metered_bytes"]) > int(counters[("b", "ingress")]["metered_bytes"]) > 0
+    # Calibrated first: the target carried at least what the scenario needs (8M caps, 16M offered).
+    cal = report["calibration"]
+    assert cal["target"] == target and cal["verdict"] == "ok" and cal["capacity_bps"] >= 16e6 * 0.95
+
+
+def test_a_scenario_the_target_cannot_carry_is_refused(tmp_path: Path) -> None:
+    if reason := can_netns():
+        pytest.skip(reason)
+    too_fast = tmp_path / "too-fast.yaml"
+    too_fast.write_text(
+        (ROOT / "bmv2-lab/scenarios/smoke.yaml")
+        .read_text()
+        .replace("egress: 8M, ingress: 8M", "egress: 20G, ingress: 20G")
+        .replace("../topologies/", str(ROOT / "bmv2-lab/topologies") + "/")
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "dpu_limiter.cli", "lab", "run", str(too_fast), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "calibration" in res.stderr and "20000.0 Mbit/s" in res.stderr and "--time virtual" in res.stderr
+    assert not (tmp_path / "o" / "report.json").exists()
 
 
 def test_lab_smoke_embedded(tmp_path: Path) -> None:

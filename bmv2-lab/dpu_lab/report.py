@@ -116,6 +116,7 @@ class Report:
     events: list[dict[str, Any]] = field(default_factory=list)  # faults injected during the run
     audit: dict[str, Any] | None = None  # the verifier's audit: alerts, detection (audit.Auditor.summary)
     workloads: list[dict[str, Any]] = field(default_factory=list)  # virtual.workload_result per workload
+    calibration: dict[str, Any] | None = None  # real time: what the target carried here first (calibrate.py)
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -145,6 +146,7 @@ class Report:
             events=list(data.get("events", [])),
             audit=data.get("audit"),
             workloads=list(data.get("workloads", [])),
+            calibration=data.get("calibration"),
         )
 
 
@@ -325,5 +327,15 @@ def summary_markdown(report: Report) -> str:
             "|---:|---|---|---|",
         ]
         lines += [f"| {x['t_s']:g} | {x['check']} | {x['where']} | {x['detail']} |" for x in a["alerts"]]
+    if report.calibration is not None:
+        c = report.calibration
+        lines += [
+            "",
+            "## Calibration",
+            "",
+            f"{c['build']} on {c['cpu']} ({c['cores']} cores): carried {_mbit(c['capacity_bps'])} Mbit/s of "
+            f"{_mbit(c['offered_bps'])} offered; the scenario needs {_mbit(c['needed_bps'])} ({c['verdict']}: "
+            f"{c['note']}).",
+        ]
     lines += ["", f"Cap held: {'yes' if report.cap_held else 'no'}", ""]
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
 
+from .calibrate import Calibration, calibrate
 from .capture import load_capture
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu, configure, dpu_counters, evaluate
@@ -58,6 +59,8 @@ class LabRun:
     api: str = ""
     events: list[dict[str, object]] = field(default_factory=list)
     t_start: float = 0.0  # when the captures started: the report's time base
+    calibrate: bool = False  # first measure what the target carries here (calibrate.py); the CLI's default
+    calibration: Calibration | None = None
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -77,6 +80,8 @@ class LabRun:
         check_prerequisites()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
+        if self.calibrate:
+            self.calibration = calibrate(sc, self.target, self.traffic, self.out_dir / "calibration", self.console)
         with _sigterm_as_interrupt():
             try:
                 return self._run()
@@ -118,6 +123,7 @@ class LabRun:
         report, series = evaluate(sc, captured, phases, flow_results, t_start, duration, self.target, self.traffic)
         report.dpu_counters = asyncio.run(dpu_counters(self.api))
         report.events = self.events
+        report.calibration = self.calibration.as_dict() if self.calibration else None
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")

@@ -82,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", type=Path, required=True, help="output folder")
     sweep.add_argument("--jobs", type=int, default=None, help="parallel runs (default: one per core)")
     run.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="real time: skip measuring first what the target carries here (and refusing a scenario it cannot carry)",
+    )
+    run.add_argument(
         "--traffic",
         choices=["auto", "iperf3", "builtin"],
         default="auto",
@@ -245,6 +250,7 @@ def _lab_sweep(args: argparse.Namespace) -> int:
 
 
 def _lab_run(args: argparse.Namespace) -> int:
+    from dpu_lab.calibrate import CalibrationError
     from dpu_lab.config import ConfigError, load_scenario
     from dpu_lab.netns import NetError
     from dpu_lab.runner import LabRun, default_traffic
@@ -264,7 +270,10 @@ def _lab_run(args: argparse.Namespace) -> int:
                 "dpu-limiter: --traffic iperf3 needs iperf3 on PATH (Debian: apt-get install iperf3)", file=sys.stderr
             )
             return 2
-        report = LabRun(scenario, args.out, args.target, traffic).run()
+        report = LabRun(scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate).run()
+    except CalibrationError as exc:
+        print(f"dpu-limiter: calibration: {exc}", file=sys.stderr)
+        return 2
     except (NetError, TargetError, TimeoutError, RuntimeError) as exc:
         print(f"dpu-limiter: lab run failed: {exc}", file=sys.stderr)
         return 1

@@ -59,3 +59,7 @@ def test_bad_sweep_files_name_the_field(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({"name": "x", "scenario": "nope.yaml", "axes": {"cap": ["fast"]}}))
     with pytest.raises(ConfigError, match="cap"):
         load_sweep(bad)
+    scenario = str(ROOT / "bmv2-lab" / "scenarios" / "compromised-dpu.yaml")
+    bad.write_text(yaml.safe_dump({"name": "x", "scenario": scenario, "cap_pods": ["zz"]}))
+    with pytest.raises(ConfigError, match=r"cap_pods.*zz"):
+        load_sweep(bad)

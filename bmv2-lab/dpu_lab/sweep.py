@@ -5,7 +5,7 @@ A sweep file names a base scenario and the axes to vary:
     name: caps-by-attack
     scenario: scenarios/compromised-dpu.yaml   # relative to the sweep file
     axes:
-      cap: [10M, 20M]                          # every pod's egress and ingress rate
+      cap: [10M, 20M]                          # egress and ingress rate of every pod (or of cap_pods)
       placement: [pod-uplink, node]            # every pod's placement
       attack: [none, raise-meter, raise-meter+forge, forward-unclassified]
     attack_at_s: 10                            # when, in the first phase (default: a third of it)
@@ -79,6 +79,7 @@ class SweepSpec(BaseModel):
     axes: Axes = Field(default_factory=Axes)
     attack_at_s: float | None = Field(default=None, ge=0)
     segment_bytes: int | None = Field(default=None, ge=18, le=1 << 20)
+    cap_pods: list[str] | None = None  # the pods whose cap the cap axis sets (default: every capped pod)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,11 @@ def load_sweep(path: Path) -> tuple[SweepSpec, Scenario]:
     except ValidationError as exc:
         errs = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path}: invalid sweep: {errs}") from None
-    return spec, load_scenario((path.parent / spec.scenario).resolve())
+    base = load_scenario((path.parent / spec.scenario).resolve())
+    unknown = sorted(set(spec.cap_pods or []) - {c.pod for c in base.caps})
+    if unknown:
+        raise ConfigError(f"{path}: cap_pods: {unknown} have no cap in {spec.scenario}")
+    return spec, base
 
 
 def grid(spec: SweepSpec) -> list[Point]:
@@ -126,7 +131,12 @@ def scenario_at(base: Scenario, spec: SweepSpec, point: Point) -> Scenario:
     caps = base.caps
     if point.cap != "base":
         rate = parse_rate(point.cap, "axes.cap")
-        caps = [c.model_copy(update={"egress": rate, "ingress": rate}) for c in caps]
+        caps = [
+            c.model_copy(update={"egress": rate, "ingress": rate})
+            if spec.cap_pods is None or c.pod in spec.cap_pods
+            else c
+            for c in caps
+        ]
     sc = base.model_copy(update={"topology": topo, "caps": caps, "name": f"{base.name} {point.slug}"})
     phases = [ph.model_copy(update={"events": []}) for ph in sc.phases]
     audit = sc.audit

@@ -6,6 +6,7 @@ Both get the same command line shape (`--device-id`, `-i PORT@IF`, `--no-p4`, th
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import subprocess
@@ -39,6 +40,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@functools.cache
+def _bmv2_has_thrift(path: str) -> bool:
+    res = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
+    return "--thrift-port" in res.stdout + res.stderr
+
+
+def bmv2_options(path: str) -> list[str]:
+    """Options every simple_switch_grpc we start gets: logging off, and a Thrift port of its own.
+
+    A build with Thrift listens on 9090 unless told otherwise, so a second switch would fail to start.
+    """
+    return ["--log-level", "off", *(["--thrift-port", str(free_port())] if _bmv2_has_thrift(path) else [])]
+
+
 def target_command(kind: TargetKind, device_id: int, interfaces: dict[int, str], grpc_addr: str) -> list[str]:
     """The command line that starts a target of `kind`."""
     ifs = [arg for port, ifname in sorted(interfaces.items()) for arg in ("-i", f"{port}@{ifname}")]
@@ -48,7 +63,7 @@ def target_command(kind: TargetKind, device_id: int, interfaces: dict[int, str],
         path = shutil.which(BMV2_BINARY)
         if path is None:
             raise TargetError(f"--target bmv2 needs {BMV2_BINARY} on PATH (not found); use --target embedded")
-        exe = [path, "--log-level", "off"]
+        exe = [path, *bmv2_options(path)]
     return [*exe, "--device-id", str(device_id), *ifs, "--no-p4", "--", "--grpc-server-addr", grpc_addr]
 
 

@@ -100,3 +100,55 @@ async def test_frames_cross_and_vlan_tags_survive(veths: dict[int, tuple[str, st
         tx.close()
         rx.close()
         stop(target)
+
+
+async def test_a_partition_past_the_lease_leaves_the_dpu_at_its_floor(
+    veths: dict[int, tuple[str, str]], tmp_path: Path
+) -> None:
+    """Real processes: the control plane (`dpu-limiter serve --lease-s 2`) is frozen (SIGSTOP, so it
+    cannot reach the DPU, as in a partition); the DPU stops passing metered traffic by itself one lease
+    later, and passes it again once the control plane is back and renews the lease."""
+    import signal
+    import sys
+
+    from conftest import register, wait_port
+    from dpu_limiter.client import LimiterClient
+
+    port, api_port = free_port(), free_port()
+    target = start_embedded(port, tmp_path / "t.log", ["-i", f"0@{veths[0][0]}", "-i", f"1@{veths[1][0]}"])
+    with (tmp_path / "cp.log").open("wb") as log:
+        control = subprocess.Popen(
+            [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(tmp_path / "s.db")]
+            + ["--listen", f"127.0.0.1:{api_port}", "--lease-s", "2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    tx, rx = _socket(veths[0][1]), _socket(veths[1][1])
+    frame = udp(A_HOST, B_HOST, 1000)
+
+    def crosses() -> bool:
+        tx.send(frame)
+        return _received(rx, 0.3) == [frame]
+
+    try:
+        wait_port(api_port, control)
+        async with LimiterClient(f"127.0.0.1:{api_port}") as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "dpu-a", f"127.0.0.1:{port}")
+            await c.set_pod_cap("a", 1e9, 1e9, 1.0, 10_000_000)
+            await c.wait_converged(timeout=30)
+        assert crosses()
+        control.send_signal(signal.SIGSTOP)  # the process we started, by its handle
+        crosses()  # may latch the last renewal: one lease from now at the latest
+        time.sleep(2.2)
+        assert not crosses() and not crosses()
+        control.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 5
+        while not crosses():
+            assert time.monotonic() < deadline, "the lease was not renewed after the partition healed"
+    finally:
+        tx.close()
+        rx.close()
+        control.send_signal(signal.SIGCONT)
+        stop(control)
+        stop(target)

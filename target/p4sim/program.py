@@ -1215,7 +1215,27 @@ class Program:
                 return tdef.next_hit if entry is not None else tdef.next_miss
             return tdef.next_by_action.get(aid)
 
+        if not tdef.key_names and not tdef.const_entries:
+            return self._keyless_table_node(tdef, apply)
         return apply
+
+    def _keyless_table_node(
+        self, tdef: TableDef, general: Callable[[Packet], str | None]
+    ) -> Callable[[Packet], str | None]:
+        # No key: while the table holds no entry, every packet misses and runs the default action as
+        # P4Runtime last set it, with no lookup. p4c emits many such tables for statements outside actions.
+        actions, entries = self.actions, tdef.table.entries
+
+        def apply_keyless(p: Packet) -> str | None:
+            if entries:
+                return general(p)
+            aid = tdef.default_action_id
+            actions[aid].body(p, tdef.default_action_data)
+            if tdef.uses_hit_miss:
+                return tdef.next_miss
+            return tdef.next_by_action.get(aid)
+
+        return apply_keyless
 
     def _metered_table_node(self, tdef: TableDef) -> Callable[[Packet], str | None]:
         # bmv2 executes a direct meter only on a hit, before the action, into the meter's result field.

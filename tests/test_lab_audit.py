@@ -62,6 +62,8 @@ def test_a_clean_run_raises_no_alert(tmp_path: Path) -> None:
         ("delete-meter", True, {"conservation", "router-count"}),
         ("forward-unclassified", False, {"read-back", "conservation"}),
         ("forward-unclassified", True, {"conservation", "router-count"}),
+        ("load-pipeline", False, {"read-back"}),
+        ("load-pipeline", True, {"conservation", "router-count"}),
     ],
 )
 def test_every_compromise_is_detected_within_an_interval(

@@ -2,9 +2,10 @@
 
 Every `interval_s` of simulated time (the simulation paused, so every figure is one instant's):
 
-- **read-back**: the control plane reads each DPU's entries and meter configs back over P4Runtime
-  and compares them with what it wants it to hold (the reconciler's own read-back); a difference
-  it did not cause is an alert, and the control plane writes the desired state back.
+- **read-back**: the control plane hashes the pipeline each DPU says it runs (P4Info and device
+  config) against its own, and reads each DPU's entries and meter configs back over P4Runtime and
+  compares them with what it wants it to hold (the reconciler's own read-back); a difference it did
+  not cause is an alert, and the control plane reinstalls or writes the desired state back.
 - **router-count**: the router counts bytes per pod and direction itself (the DPUs cannot change
   those counters); the most bytes that left a pod in any window of W against its egress allowance.
 - **conservation**: bytes the router saw leave a pod against the bytes its DPUs say they passed
@@ -77,6 +78,10 @@ class Auditor:
         for name, agent in self.agents.items():
             if not agent.status.connected:
                 continue  # down or restarting: nothing to read back now (the control plane reprograms it)
+            held = await agent.pipeline_digest()
+            if held != agent.expected_digest():
+                self._alert(t_s, "read-back", name, f"runs another pipeline (sha256 {held[:16]}...); reinstalled")
+                await agent.reinstall_pipeline()
             before = self._drift.get(name, agent.status.drift_corrections)
             await agent.wait_applied(agent.poke(), READ_BACK_TIMEOUT_S)
             self._drift[name] = agent.status.drift_corrections

@@ -8,6 +8,8 @@ Each way below defeats limiter.p4 differently:
   every packet green on an unconfigured meter) and the window budgets removed.
 - ``forward-unclassified``: 0.0.0.0/0 added to the pod's prefixes, so every packet looks intra-pod
   and is exempt.
+- ``load-pipeline``: a different program altogether (p4/passthrough.p4: everything forwarded,
+  nothing metered or counted).
 
 With ``forge``, the firmware also lies: it forwards with a copy of the pipeline that it tampers
 with, while P4Runtime reads and writes keep going to the honest one. Read-back then shows exactly
@@ -16,16 +18,19 @@ what the controller wrote, and the counters the controller reads stop at the mom
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from finsy.proto import p4r
+from google.protobuf import text_format
 
 from dpu_limiter import dataplane as dp
 from p4sim.runtime import Pipeline
 from p4sim.server import Device
 
-How = Literal["raise-meter", "delete-meter", "forward-unclassified"]
-HOWS: tuple[How, ...] = ("raise-meter", "delete-meter", "forward-unclassified")
+How = Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"]
+HOWS: tuple[How, ...] = ("raise-meter", "delete-meter", "forward-unclassified", "load-pipeline")
+PASSTHROUGH = Path(dp.__file__).resolve().parent / "p4" / "passthrough"
 
 _OPEN = p4r.MeterConfig(cir=10**12, cburst=(1 << 31) - 1, pir=10**12, pburst=(1 << 31) - 1)
 
@@ -36,6 +41,13 @@ def compromise(device: Device, how: How, forge: bool = False) -> None:
         honest = device.pipeline
         if honest is None:
             raise ValueError(f"device {device.device_id} has no pipeline to tamper with")
+        if how == "load-pipeline":
+            other = device.build_pipeline(_passthrough_config())
+            if forge:
+                device.data_plane = other
+            else:
+                device.pipeline = other
+            return
         target = _clone(device, honest) if forge else honest
         for update in _tampering(target, how):
             target.write(update)
@@ -80,6 +92,13 @@ def _tampering(pipeline: Pipeline, how: How) -> list[p4r.Update]:
         )
         out.append(p4r.Update(type=insert, entity=p4r.Entity(table_entry=entry)))
     return out
+
+
+def _passthrough_config() -> p4r.ForwardingPipelineConfig:
+    config = p4r.ForwardingPipelineConfig(p4_device_config=PASSTHROUGH.with_suffix(".json").read_bytes())
+    text_format.Parse(PASSTHROUGH.with_suffix(".p4info.txtpb").read_text(), config.p4info)
+    config.cookie.cookie = 0x5EC0DE
+    return config
 
 
 def _clone(device: Device, honest: Pipeline) -> Pipeline:

@@ -216,7 +216,7 @@ class EventSpec(_Model):
     action: Literal["restart-dpu", "compromise", "set-cap"]
     dpu: str | None = None
     down_s: float = Field(default=1.0, ge=0, le=600)
-    how: Literal["raise-meter", "delete-meter", "forward-unclassified"] | None = None
+    how: Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"] | None = None
     forge: bool = False
     pod: str | None = None
     egress: float | None = Field(default=None, gt=0)
@@ -227,7 +227,9 @@ class EventSpec(_Model):
     @model_validator(mode="after")
     def _fields(self) -> EventSpec:
         if self.action == "compromise" and self.how is None:
-            raise ValueError("how: a compromise needs how (raise-meter, delete-meter or forward-unclassified)")
+            raise ValueError(
+                "how: a compromise needs how (raise-meter, delete-meter, forward-unclassified or load-pipeline)"
+            )
         if self.action != "compromise" and (self.how is not None or self.forge):
             raise ValueError(f"how, forge: only a compromise takes them, not {self.action}")
         if self.action == "set-cap":

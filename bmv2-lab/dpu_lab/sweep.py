@@ -36,7 +36,7 @@ from .config import AuditSpec, ConfigError, EventSpec, Scenario, load_scenario
 from .report import Report
 from .virtual import VirtualLabRun, limiters_of
 
-How = Literal["raise-meter", "delete-meter", "forward-unclassified"]
+How = Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"]
 ATTACKS = ["none", *get_args(How), *(f"{h}+forge" for h in get_args(How))]
 
 

@@ -11,6 +11,7 @@ delays the others, since every agent is its own task.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 import finsy as fy
 from finsy.grpcutil import GRPCCredentialsTLS
 from finsy.p4client import P4ClientError
+from finsy.p4schema import P4ConfigResponseType
+from finsy.proto import p4i
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from . import dataplane as dp
@@ -218,6 +221,23 @@ class DpuAgent:
         if wrong:
             raise DriftError(f"{self.dpu.name}: meter cells {[m.index for m in wrong]} do not read back as written")
 
+    async def pipeline_digest(self) -> str:
+        """SHA-256 of the pipeline the DPU says it runs (P4Info and device config), as read back."""
+        sw = self.switch
+        reply = await sw._get_pipeline_config_request(response_type=P4ConfigResponseType.ALL)
+        return digest(reply.config.p4info, reply.config.p4_device_config)
+
+    def expected_digest(self) -> str:
+        """SHA-256 of the pipeline this agent installs."""
+        config = self.switch.p4info.get_pipeline_config()
+        return digest(config.p4info, config.p4_device_config)
+
+    async def reinstall_pipeline(self) -> None:
+        """Load our pipeline again, whatever cookie the DPU shows, then put everything back."""
+        config = self.switch.p4info.get_pipeline_config()
+        await self.switch._set_pipeline_config_request(config=config)
+        self._applied_intent = None  # what we wrote is gone with the old pipeline: not drift, a restore
+
     async def read_usage(self) -> dict[str, dict[str, tuple[int, int]]]:
         """Counter cells by direction: {direction: {name: (packets, bytes)}}."""
         sw = self.switch
@@ -234,6 +254,13 @@ class DpuAgent:
                 d[name] = cells.get((dp.COLOR_COUNTER, cell * 8 + k), (0, 0))
             out[direction] = d
         return out
+
+
+def digest(p4info: p4i.P4Info, device_config: bytes) -> str:
+    """SHA-256 over a pipeline's P4Info (deterministic encoding) and its device config."""
+    h = hashlib.sha256(p4info.SerializeToString(deterministic=True))
+    h.update(device_config)
+    return h.hexdigest()
 
 
 class DriftError(Exception):

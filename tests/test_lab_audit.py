@@ -95,3 +95,20 @@ def test_compromise_and_audit_are_checked(tmp_path: Path) -> None:
     event = {"at_s": 1, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter"}
     with pytest.raises(ConfigError, match="virtual"):
         LabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "real").run()
+
+
+def test_a_clean_window_mode_run_raises_no_alert(tmp_path: Path) -> None:
+    """Bytes dropped over the window budget on the way in still reached the DPU: no conservation alarm."""
+    path = scenario(tmp_path, None)
+    doc = yaml.safe_load(path.read_text())
+    doc["caps"] = [
+        {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": 2, "mode": "window"},
+        {"pod": "b", "egress": "1G", "ingress": "1G", "window_s": 2, "mode": "window"},
+    ]
+    doc["phases"][0]["flows"][1]["rate"] = "16M"  # b to a: twice a's ingress budget
+    path.write_text(yaml.safe_dump(doc))
+    r = VirtualLabRun(load_scenario(path), tmp_path / "out").run()
+    assert r.cap_held and r.audit is not None
+    assert r.audit["alerts"] == [], r.audit["alerts"]
+    ingress = next(u for u in r.dpu_counters if (u["pod"], u["direction"]) == ("a", "ingress"))
+    assert int(ingress["window_bytes"]) > 0  # the budget did drop some on the way in

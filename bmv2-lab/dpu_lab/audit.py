@@ -10,7 +10,8 @@ Every `interval_s` of simulated time (the simulation paused, so every figure is 
   those counters); the most bytes that left a pod in any window of W against its egress allowance.
 - **conservation**: bytes the router saw leave a pod against the bytes its DPUs say they passed
   (green and yellow) out of it, and bytes the router sent into a pod against the bytes its DPUs
-  say they metered on the way in. A DPU that exempts, hides or forges traffic breaks the balance.
+  say reached their meters on the way in (passed or dropped by meter, window budget or lease). A
+  DPU that exempts, hides or forges traffic breaks the balance.
 
 Each check raises one alert per place, the first time it fails; the time to detection of a
 compromise is from the compromise to the first alert after it. Active probes are not modelled yet.
@@ -121,7 +122,9 @@ class Auditor:
                 continue
             egress, ingress = usage["egress"], usage["ingress"]
             out = egress["green"][1] + egress["yellow"][1]
-            into = ingress["green"][1] + ingress["yellow"][1] + ingress["red"][1]
+            # Everything that reached the meter stage on the way in: passed, or dropped by the meter,
+            # the window budget or for want of a lease.
+            into = sum(ingress[c][1] for c in ("green", "yellow", "red", "window", "lease"))
             last_out, last_in = self._dpu_last.get(name, (0, 0))
             if out < last_out or into < last_in:
                 unsure.add(pod)  # its counters went back: it restarted

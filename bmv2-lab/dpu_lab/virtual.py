@@ -14,6 +14,7 @@ from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.units import MAX_FRAME_BYTES
 from p4sim.clock import VirtualClock
 from p4sim.server import Device, add_to_server
 
@@ -260,7 +261,9 @@ class VirtualLabRun:
         if sc.audit is not None:
             agents = plane.service.agents
             pods_of = {name: agents[name].dpu.pod for name in devices}
-            auditor = Auditor(sc, net.router_counts, agents, pods_of, checks=sc.audit.checks)
+            # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
+            largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
+            auditor = Auditor(sc, net.router_counts, agents, pods_of, slack_bytes=4 * largest, checks=sc.audit.checks)
         plan = _stops(
             sc,
             end_ns,

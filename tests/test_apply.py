@@ -124,3 +124,13 @@ def test_bad_files_name_the_field(tmp_path: Path, old: str, new: str, message: s
     assert message in str(err.value) and str(f) in str(err.value)
     res = cli("apply", "-f", str(f), "--server", "127.0.0.1:1")
     assert res.returncode == 2 and message in res.stderr
+
+
+def test_the_readme_fleet_example_is_valid_and_applies(server: str) -> None:
+    example = ROOT / "examples" / "fleet.yaml"
+    m = load_manifest(example)
+    assert [d.name for d in m.dpus] == ["a-uplink", "b-node01", "b-node02"] and m.caps["a"].mode == "window"
+    made = changes(cli("apply", "-f", str(example), "--server", server, "--json"))
+    assert {(kind, name) for _, kind, name in made} >= {("pod", "a"), ("dpu", "b-node02"), ("cap", "b")}
+    again = changes(cli("apply", "-f", str(example), "--server", server, "--json"))
+    assert all(verb == "unchanged" for verb, _, _ in again)

@@ -19,7 +19,6 @@ what the controller wrote, and the counters the controller reads stop at the mom
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from finsy.proto import p4r
 from google.protobuf import text_format
@@ -28,14 +27,16 @@ from dpu_limiter import dataplane as dp
 from p4sim.runtime import Pipeline
 from p4sim.server import Device
 
-How = Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"]
-HOWS: tuple[How, ...] = ("raise-meter", "delete-meter", "forward-unclassified", "load-pipeline")
+from .config import CompromiseHow
+
 PASSTHROUGH = Path(dp.__file__).resolve().parent / "p4" / "passthrough"
 
-_OPEN = p4r.MeterConfig(cir=10**12, cburst=(1 << 31) - 1, pir=10**12, pburst=(1 << 31) - 1)
+_OPEN = p4r.MeterConfig(
+    cir=dp.OPEN_METER.cir, cburst=dp.OPEN_METER.cburst, pir=dp.OPEN_METER.pir, pburst=dp.OPEN_METER.pburst
+)
 
 
-def compromise(device: Device, how: How, forge: bool = False) -> None:
+def compromise(device: Device, how: CompromiseHow, forge: bool = False) -> None:
     """Tamper with `device` as compromised firmware would (see the module docstring)."""
     with device.lock:
         honest = device.pipeline
@@ -60,7 +61,7 @@ def _ids(pipeline: Pipeline) -> dict[str, int]:
     return {o.preamble.name: o.preamble.id for o in [*info.tables, *info.meters, *info.registers]}
 
 
-def _tampering(pipeline: Pipeline, how: How) -> list[p4r.Update]:
+def _tampering(pipeline: Pipeline, how: CompromiseHow) -> list[p4r.Update]:
     ids = _ids(pipeline)
     modify, insert, delete = p4r.Update.MODIFY, p4r.Update.INSERT, p4r.Update.DELETE
     meter = ids[dp.METER]

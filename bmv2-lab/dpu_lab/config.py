@@ -202,6 +202,10 @@ class FlowSpec(_Model):
         return self
 
 
+# What a compromised DPU does to itself (compromise.py).
+CompromiseHow = Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"]
+
+
 class EventSpec(_Model):
     """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
 
@@ -216,7 +220,7 @@ class EventSpec(_Model):
     action: Literal["restart-dpu", "compromise", "set-cap"]
     dpu: str | None = None
     down_s: float = Field(default=1.0, ge=0, le=600)
-    how: Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"] | None = None
+    how: CompromiseHow | None = None
     forge: bool = False
     pod: str | None = None
     egress: float | None = Field(default=None, gt=0)

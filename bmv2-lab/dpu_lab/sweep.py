@@ -32,12 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
-from .config import AuditSpec, ConfigError, EventSpec, Scenario, load_scenario
+from .config import AuditSpec, CompromiseHow, ConfigError, EventSpec, Scenario, load_scenario
 from .report import Report
 from .virtual import VirtualLabRun, limiters_of
 
-How = Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"]
-ATTACKS = ["none", *get_args(How), *(f"{h}+forge" for h in get_args(How))]
+ATTACKS = ["none", *get_args(CompromiseHow), *(f"{h}+forge" for h in get_args(CompromiseHow))]
 
 
 class Axes(BaseModel):

@@ -48,6 +48,12 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -
     raise TimeoutError(f"nothing listening on {port} after {timeout} s")
 
 
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`dpu-limiter ARGS` as a user types it (this interpreter's copy), output captured."""
+    command = [sys.executable, "-m", "dpu_limiter.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
 def can_netns() -> str | None:
     """None when namespaces can be made here, else the reason they cannot."""
     if os.geteuid() != 0:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, stop, wait_port
+from conftest import ROOT, cli, free_port, stop, wait_port
 from dpu_limiter.manifest import ManifestError, load_manifest
 
 MANIFEST = """
@@ -47,10 +47,6 @@ def server(tmp_path: Path) -> Iterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         stop(proc)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dpu_limiter.cli", *args], capture_output=True, text=True, timeout=60)
 
 
 def changes(res: subprocess.CompletedProcess[str]) -> list[tuple[str, str, str]]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, cli
 from dpu_lab.config import ConfigError
 from dpu_lab.sweep import load_sweep
 
@@ -32,12 +30,7 @@ def test_a_small_sweep_runs_every_point(tmp_path: Path) -> None:
     _, base = load_sweep(sweep)
     assert [c.pod for c in base.caps] == ["a", "b"]
     out = tmp_path / "out"
-    res = subprocess.run(
-        [sys.executable, "-m", "dpu_limiter.cli", "lab", "sweep", str(sweep), "--out", str(out), "--jobs", "2"],
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
+    res = cli("lab", "sweep", str(sweep), "--out", str(out), "--jobs", "2", timeout=500)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = list(csv.DictReader((out / "sweep.csv").open()))
     assert [r["attack"] for r in rows] == ["none", "raise-meter+forge"]

@@ -4,13 +4,11 @@ simulated clock. No root needed: nothing touches the host's network."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, cli
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.virtual import VirtualLabRun
 from dpu_limiter.units import MAX_FRAME_BYTES
@@ -72,33 +70,10 @@ def test_tcp_is_refused_in_virtual_time(tmp_path: Path) -> None:
 
 def test_cli_virtual_time(scenario: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    res = subprocess.run(
-        [sys.executable, "-m", "dpu_limiter.cli", "lab", "run", str(scenario), "--out", str(out), "--time", "virtual"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = cli("lab", "run", str(scenario), "--out", str(out), "--time", "virtual", timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads((out / "report.json").read_text())["time"] == "virtual"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dpu_limiter.cli",
-            "lab",
-            "run",
-            str(scenario),
-            "--out",
-            str(out),
-            "--time",
-            "virtual",
-            "--target",
-            "bmv2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = cli("lab", "run", str(scenario), "--out", str(out), "--time", "virtual", "--target", "bmv2")
     assert res.returncode == 2 and "embedded target only" in res.stderr
 
 

@@ -16,7 +16,7 @@ from dpu_limiter.units import allowed_window_bytes, default_burst_bytes
 
 from . import measure
 from .capture import Capture
-from .config import CapSpec, Scenario
+from .config import CapSpec, EventSpec, Scenario
 from .report import Direction, Flow, Phase, Report, Result
 
 PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
@@ -71,6 +71,16 @@ async def dpu_counters(addr: str) -> list[dict[str, object]]:
         json_format.MessageToDict(u, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         for u in usage.usage
     ]
+
+
+async def set_cap(client: LimiterClient, sc: Scenario, ev: EventSpec, wait: bool) -> None:
+    """A set-cap event through the API: the pod's new rates, its scenario cap's window, burst and mode."""
+    assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
+    cap = sc.cap_of(ev.pod)
+    assert cap is not None
+    await client.set_pod_cap(ev.pod, ev.egress, ev.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode)
+    if wait:
+        await client.wait_converged(timeout=60)
 
 
 def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:

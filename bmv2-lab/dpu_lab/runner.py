@@ -26,7 +26,7 @@ from dpu_limiter.client import LimiterClient
 from .calibrate import Calibration, calibrate
 from .capture import load_capture
 from .config import ConfigError, EventSpec, Scenario
-from .evaluate import LabDpu, configure, dpu_counters, evaluate
+from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
 from .netns import LabNetwork, check_prerequisites
 from .report import Flow, Phase, Report, write_report
 from .targets import BUFFER_BYTES, TargetKind, TargetProcess, free_port, start_target
@@ -145,11 +145,9 @@ class LabRun:
         )
         return addr
 
-    async def _set_cap(self, addr: str, pod: str, egress: float, ingress: float) -> None:
-        cap = self.scenario.cap_of(pod)
-        assert cap is not None
-        async with LimiterClient(addr) as client:
-            await client.set_pod_cap(pod, egress, ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode)
+    async def _set_cap(self, ev: EventSpec) -> None:
+        async with LimiterClient(self.api) as client:
+            await set_cap(client, self.scenario, ev, wait=False)  # real time: traffic does not wait
 
     async def _configure(self, addr: str) -> None:
         sc = self.scenario
@@ -267,7 +265,7 @@ class LabRun:
         if ev.action == "set-cap":
             assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
             assert self.api is not None
-            asyncio.run(self._set_cap(self.api, ev.pod, ev.egress, ev.ingress))
+            asyncio.run(self._set_cap(ev))
             self._say(f"event at {t:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
             self.events.append(
                 {"t_s": round(t, 3), "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}

@@ -21,7 +21,7 @@ from p4sim.server import Device, add_to_server
 from .audit import Auditor
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
-from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate
+from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
 from .frames import Encap
 from .report import Flow, Phase, Report, write_report
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
@@ -172,14 +172,8 @@ class VirtualLabRun:
     ) -> dict[str, object]:
         """Carry out a scenario event at simulated time `t_s`; returns its record for the report."""
         if ev.action == "set-cap":
-            assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
-            cap = self.scenario.cap_of(ev.pod)
-            assert cap is not None
             async with LimiterClient(plane.address) as client:
-                await client.set_pod_cap(
-                    ev.pod, ev.egress, ev.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode
-                )
-                await client.wait_converged(timeout=60)
+                await set_cap(client, self.scenario, ev, wait=True)  # the simulation waits: no simulated time
             self._say(f"t={t_s:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
             return {"t_s": t_s, "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
         assert ev.dpu is not None
@@ -271,7 +265,6 @@ class VirtualLabRun:
             sc.audit.interval_s if sc.audit else None,
             plane.service.lease_s / 3,
         )
-        compromises: list[dict[str, object]] = []
         events: list[dict[str, object]] = []
         for t_ns, todo in plan:
             # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
@@ -293,10 +286,7 @@ class VirtualLabRun:
                 self._say(f"t={t_ns / NS:.1f} s: {ev.dpu} back, reprogrammed by the control plane")
             for ev in todo.get("events", []):
                 assert isinstance(ev, EventSpec)
-                done = await self._event(ev, t_ns / NS, devices, plane)
-                events.append(done)
-                if ev.action == "compromise":
-                    compromises.append(done)
+                events.append(await self._event(ev, t_ns / NS, devices, plane))
         self.stats = {
             "virtual_s": end_ns / NS,
             "cpu_s": time.process_time() - cpu0,
@@ -332,6 +322,7 @@ class VirtualLabRun:
         report.events = events
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
         if auditor is not None and sc.audit is not None:
+            compromises = [e for e in events if e["action"] == "compromise"]
             report.audit = auditor.summary(sc.audit.interval_s, compromises)
             found = report.audit["alerts"]
             self._say(

@@ -194,12 +194,12 @@ class LimiterService:
         if cap is None:
             return
         nodes = sorted(d.name for d in dpus if d.role == Role.NODE)
+        split = shares.split(cap, nodes)
         for d in dpus:
             if d.role != Role.NODE:
                 dp.check_fits(d, cap, "the pod's cap", blame_dpu)
             elif not cap.rebalance:  # rebalancing buckets leave room for buffers by construction
-                share = shares.split(cap, nodes)[d.name]
-                dp.check_fits(d, share, f"an equal share of the pod's cap ({len(nodes)} nodes)", blame_dpu)
+                dp.check_fits(d, split[d.name], f"an equal share of the pod's cap ({len(nodes)} nodes)", blame_dpu)
 
     def _target(self, pod: str, nodes: list[str]) -> dict[str, Cap | None]:
         """What each node DPU of `pod` should be granted: nothing, static equal shares, or by demand."""

@@ -91,9 +91,8 @@ async def _program(address: str) -> None:
     intent = dp.intent_for(dpu, Pod("a", ("10.0.1.0/24",)), Cap(1e11, 1e11, 1.0, 1 << 30), lease)
     opts = fy.SwitchOptions(p4info=files.p4info, p4blob=files.bmv2_json, device_id=1, initial_election_id=10)
     async with fy.Switch("bench", address, opts) as sw:
-        await sw.modify(dp.meter_mismatches(intent, []))
-        await sw.modify([dp.lease_entity(intent)])
-        await sw.insert(dp.prefix_entities(intent) + dp.boundary_entities(intent))
+        for batch in dp.Codec(sw.p4info).plan(intent, dp.NOTHING).batches():
+            await sw.write(batch)
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:

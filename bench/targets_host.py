@@ -1,11 +1,16 @@
 """Helper process for bench/convergence.py: N embedded targets (one device each) in one process.
 
 python bench/targets_host.py N      # prints one JSON line: the targets' P4Runtime addresses
+
+SIGUSR1 (sent once the pipelines are installed) moves every object alive into the garbage
+collector's permanent generation: N pipelines are millions of long-lived objects, and a full
+collection over them stalls the process for seconds at a random moment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -28,10 +33,11 @@ async def main(n: int) -> None:
         addresses.append(f"127.0.0.1:{port}")
     print(json.dumps(addresses), flush=True)
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, gc.freeze)
     await stop.wait()
-    for server in servers:
-        await server.stop(0)
+    await asyncio.gather(*(server.stop(0) for server in servers))
 
 
 if __name__ == "__main__":

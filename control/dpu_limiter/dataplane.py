@@ -143,33 +143,6 @@ def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None, lease: tuple[int, int
     )
 
 
-def meter_reads(intent: Intent) -> list[fy.P4MeterEntry]:
-    """Reads of the intent's meter cells."""
-    return [fy.P4MeterEntry(METER, index=cell) for cell in sorted(intent.meters)]
-
-
-def meter_params(entry: fy.P4MeterEntry) -> MeterParams | None:
-    """A read-back meter cell's configuration (None when unconfigured)."""
-    c = entry.config
-    return None if c is None else MeterParams(c.cir, c.cburst, c.pir, c.pburst)
-
-
-def meter_mismatches(intent: Intent, current: list[fy.P4MeterEntry]) -> list[fy.P4MeterEntry]:
-    """Meter configurations to write: only cells that differ.
-
-    Rewriting an unchanged meter is not harmless: bmv2 refills the bucket on every write, so a
-    periodic rewrite would hand out an extra burst each time.
-    """
-    have = {e.index or 0: meter_params(e) for e in current}
-    return [
-        fy.P4MeterEntry(
-            METER, index=cell, config=fy.P4MeterConfig(cir=m.cir, cburst=m.cburst, pir=m.pir, pburst=m.pburst)
-        )
-        for cell, m in sorted(intent.meters.items())
-        if have.get(cell) != m
-    ]
-
-
 def prefix_entities(intent: Intent) -> list[fy.P4TableEntry]:
     """Exemption entries: a packet is intra-pod when both lookups hit."""
     out = []
@@ -228,20 +201,48 @@ def entry_key(te: p4r.TableEntry) -> bytes:
     return key.SerializeToString(deterministic=True)
 
 
+def canonical(te: p4r.TableEntry) -> p4r.TableEntry:
+    """`te` with its match values and action parameters in canonical byte strings (in place).
+
+    finsy encodes canonically; a target may answer reads with zero-padded values (older bmv2).
+    """
+    for fm in te.match:
+        kind = fm.WhichOneof("field_match_type")
+        if kind == "exact":
+            fm.exact.value = fm.exact.value.lstrip(b"\0") or b"\0"
+        elif kind == "lpm":
+            fm.lpm.value = fm.lpm.value.lstrip(b"\0") or b"\0"
+    for param in te.action.action.params:
+        param.value = param.value.lstrip(b"\0") or b"\0"
+    return te
+
+
+@dataclass
+class Held:
+    """What a DPU was read back to hold, encoded: managed entries by identity, the lease, meter cells."""
+
+    entries: dict[bytes, p4r.TableEntry]
+    lease: p4r.TableAction | None  # lease_cfg's default action
+    meters: dict[int, MeterParams | None]  # None: unconfigured
+
+
+NOTHING = Held({}, None, {})
+
+
 @dataclass
 class Plan:
     """Updates that move a DPU from what it holds to the intent, in a safe order."""
 
-    delete_exemptions: list[fy.P4TableEntry]
-    set_windows: list[fy.P4TableEntry]  # inserts, then modifies (before the meters open up)
-    modify_windows: list[fy.P4TableEntry]
-    meters: list[fy.P4MeterEntry]
-    lease: list[fy.P4TableEntry]  # lease_cfg's default action, when it differs (renewal or revocation)
-    insert_exemptions: list[fy.P4TableEntry]
-    insert_boundary: list[fy.P4TableEntry]
-    modify_boundary: list[fy.P4TableEntry]
-    delete_boundary: list[fy.P4TableEntry]
-    delete_windows: list[fy.P4TableEntry]  # after the meters have tightened
+    delete_exemptions: list[p4r.TableEntry]
+    set_windows: list[p4r.TableEntry]  # inserts (before the meters open up)
+    modify_windows: list[p4r.TableEntry]
+    meters: list[p4r.MeterEntry]
+    lease: list[p4r.TableEntry]  # lease_cfg's default action, when it differs (renewal or revocation)
+    insert_exemptions: list[p4r.TableEntry]
+    insert_boundary: list[p4r.TableEntry]
+    modify_boundary: list[p4r.TableEntry]
+    delete_boundary: list[p4r.TableEntry]
+    delete_windows: list[p4r.TableEntry]  # after the meters have tightened
 
     def describe(self) -> str:
         """What the plan restores, for drift reports."""
@@ -266,93 +267,141 @@ class Plan:
     @property
     def changes(self) -> int:
         """How many updates the plan makes."""
-        return sum(
-            len(x)
-            for x in (
-                self.delete_exemptions,
-                self.meters,
-                self.lease,
-                self.insert_exemptions,
-                self.insert_boundary,
-                self.modify_boundary,
-                self.delete_boundary,
-                self.set_windows,
-                self.modify_windows,
-                self.delete_windows,
-            )
-        )
+        return sum(len(v) for v in vars(self).values())
+
+    def batches(self) -> list[list[p4r.Update]]:
+        """The plan as Write requests' updates, one batch per step, empty steps left out.
+
+        A target may apply a batch's updates in any order, so only updates whose order does not
+        matter share one: stale exemptions go first (tighten), window budgets are set before the
+        meters open up, meters and lease together (halfway, either order lets through no more than
+        the state before or the state after), then what lets traffic cross (exemptions and
+        crossings; either order only ever meters more), and stale crossings and budgets go last,
+        once the meters have tightened.
+        """
+        ins, mod, dele = p4r.Update.INSERT, p4r.Update.MODIFY, p4r.Update.DELETE
+
+        def tables(*parts: tuple[p4r.Update.Type.ValueType, list[p4r.TableEntry]]) -> list[p4r.Update]:
+            return [p4r.Update(type=t, entity=p4r.Entity(table_entry=e)) for t, es in parts for e in es]
+
+        steps = [
+            tables((dele, self.delete_exemptions)),
+            tables((ins, self.set_windows), (mod, self.modify_windows)),
+            [p4r.Update(type=mod, entity=p4r.Entity(meter_entry=m)) for m in self.meters] + tables((mod, self.lease)),
+            tables((ins, self.insert_exemptions), (ins, self.insert_boundary), (mod, self.modify_boundary)),
+            tables((dele, self.delete_boundary), (dele, self.delete_windows)),
+        ]
+        return [step for step in steps if step]
 
 
-def plan(
-    intent: Intent,
-    current: list[fy.P4TableEntry],
-    meters: list[fy.P4MeterEntry],
-    schema: fy.P4Schema,
-) -> Plan:
-    """Diff the intent against the entries read back from the DPU.
+class Codec:
+    """limiter.p4's entities encoded for one P4Info; what repeats from one reconcile to the next is cached.
 
-    Order (tighten before loosen): drop stale exemptions, set window budgets, set meters, the
-    lease, add exemptions, then boundary entries (which let traffic cross), and only then remove
-    stale crossings and stale window budgets (the meters have tightened by then).
+    Thousands of DPUs reconcile at once after a cap change: building and comparing protobufs
+    directly (not finsy entities) and encoding the table entries only when the pod changes keeps
+    the per-DPU cost of a change to a few small messages.
     """
 
-    def keyed(entries: list[fy.P4TableEntry]) -> dict[bytes, tuple[fy.P4TableEntry, p4r.TableEntry]]:
-        out = {}
-        for e in entries:
-            pb_entry = e.encode(schema).table_entry
-            out[entry_key(pb_entry)] = (e, pb_entry)
+    def __init__(self, schema: fy.P4Schema) -> None:
+        self.schema = schema
+        self.meter_id = schema.meters[METER].id
+        self.lease_table = schema.tables[TABLE_LEASE].id
+        self.table_names = {
+            schema.tables[n].id: n for n in (TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_BOUNDARY, TABLE_WINDOW)
+        }
+        reads: list[fy.P4TableEntry | fy.P4MeterEntry] = [
+            *(fy.P4TableEntry(name) for name in self.table_names.values()),
+            fy.P4TableEntry(TABLE_LEASE, is_default_action=True),
+            *(fy.P4MeterEntry(METER, index=cell) for cell in sorted(CELLS.values())),
+        ]
+        # One Read for the managed tables and the meter cells: what a reconcile diffs and confirms.
+        self.reads = [e.encode(schema) for e in reads]
+        self._tables_of: tuple[object, dict[str, dict[bytes, p4r.TableEntry]]] | None = None
+        self._lease_of: tuple[tuple[int, int] | None, p4r.TableEntry] | None = None
+
+    def tables(self, intent: Intent) -> dict[str, dict[bytes, p4r.TableEntry]]:
+        """The intent's entries of each managed table, by identity (encoded once per pod layout)."""
+        key = (intent.prefixes, intent.boundary, tuple(sorted(intent.windows.items())))
+        if self._tables_of is None or self._tables_of[0] != key:
+
+            def keyed(entries: list[fy.P4TableEntry]) -> dict[bytes, p4r.TableEntry]:
+                encoded = (e.encode(self.schema).table_entry for e in entries)
+                return {entry_key(te): te for te in encoded}
+
+            prefixes = prefix_entities(intent)
+            self._tables_of = (
+                key,
+                {
+                    TABLE_SRC_IN_POD: keyed([e for e in prefixes if e.table_id == TABLE_SRC_IN_POD]),
+                    TABLE_DST_IN_POD: keyed([e for e in prefixes if e.table_id == TABLE_DST_IN_POD]),
+                    TABLE_BOUNDARY: keyed(boundary_entities(intent)),
+                    TABLE_WINDOW: keyed(window_entities(intent)),
+                },
+            )
+        return self._tables_of[1]
+
+    def lease(self, intent: Intent) -> p4r.TableEntry:
+        """lease_cfg's default action for the intent's lease (encoded once per lease generation)."""
+        if self._lease_of is None or self._lease_of[0] != intent.lease:
+            self._lease_of = (intent.lease, lease_entity(intent).encode(self.schema).table_entry)
+        return self._lease_of[1]
+
+    def meter(self, cell: int, m: MeterParams) -> p4r.MeterEntry:
+        """A meter cell's configuration."""
+        config = p4r.MeterConfig(cir=m.cir, cburst=m.cburst, pir=m.pir, pburst=m.pburst)
+        return p4r.MeterEntry(meter_id=self.meter_id, index=p4r.Index(index=cell), config=config)
+
+    def held(self, entities: list[p4r.Entity]) -> Held:
+        """Decode the answer to `reads`."""
+        out = Held({}, None, {})
+        for ent in entities:
+            if ent.HasField("meter_entry"):
+                me = ent.meter_entry
+                c = me.config
+                out.meters[me.index.index] = (
+                    MeterParams(c.cir, c.cburst, c.pir, c.pburst) if me.HasField("config") else None
+                )
+                continue
+            te = ent.table_entry
+            if te.is_default_action:
+                if te.table_id == self.lease_table:
+                    out.lease = canonical(te).action
+            elif te.table_id in self.table_names:
+                out.entries[entry_key(canonical(te))] = te
         return out
 
-    lease = lease_entity(intent)
-    # Read back, finsy names tables by alias: compare encoded entries, by table id.
-    lease_id = schema.tables[TABLE_LEASE].id
-    held_lease = [
-        te for te in (e.encode(schema).table_entry for e in current if e.is_default_action) if te.table_id == lease_id
-    ]
-    lease_ok = bool(held_lease) and held_lease[0].action == lease.encode(schema).table_entry.action
-    current = [e for e in current if not e.is_default_action]
-    have = keyed(current)
-    want = {
-        TABLE_SRC_IN_POD: keyed(prefix_entities(intent)),
-        TABLE_BOUNDARY: keyed(boundary_entities(intent)),
-        TABLE_WINDOW: keyed(window_entities(intent)),
-    }
-    want[TABLE_DST_IN_POD] = {}  # prefix_entities covers both exemption tables: keyed by table id inside the key
-    table_of = {schema.tables[name].id: name for name in want}
-    wanted = {k for entries in want.values() for k in entries}
+    def plan(self, intent: Intent, held: Held) -> Plan:
+        """Diff the intent against what the DPU holds.
 
-    def inserts(table: str) -> list[fy.P4TableEntry]:
-        return [e for k, (e, _) in want[table].items() if k not in have]
+        Meter cells are written only where they differ: rewriting an unchanged meter is not
+        harmless, since bmv2 refills the bucket on every write (a periodic rewrite would hand out
+        an extra burst each time).
+        """
+        want = self.tables(intent)
+        lease = self.lease(intent)
+        wanted = {k for entries in want.values() for k in entries}
 
-    def modifies(table: str) -> list[fy.P4TableEntry]:
-        return [e for k, (e, pbe) in want[table].items() if k in have and have[k][1].action != pbe.action]
+        def inserts(table: str) -> list[p4r.TableEntry]:
+            return [te for k, te in want[table].items() if k not in held.entries]
 
-    def stale(*tables: str) -> list[fy.P4TableEntry]:
-        return [e for k, (e, pbe) in have.items() if k not in wanted and table_of.get(pbe.table_id) in tables]
+        def modifies(table: str) -> list[p4r.TableEntry]:
+            return [te for k, te in want[table].items() if k in held.entries and held.entries[k].action != te.action]
 
-    return Plan(
-        delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD),
-        set_windows=inserts(TABLE_WINDOW),
-        modify_windows=modifies(TABLE_WINDOW),
-        meters=meter_mismatches(intent, meters),
-        lease=[] if lease_ok else [lease],
-        insert_exemptions=inserts(TABLE_SRC_IN_POD),
-        insert_boundary=inserts(TABLE_BOUNDARY),
-        modify_boundary=modifies(TABLE_BOUNDARY),
-        delete_boundary=stale(TABLE_BOUNDARY),
-        delete_windows=stale(TABLE_WINDOW),
-    )
+        def stale(*tables: str) -> list[p4r.TableEntry]:
+            return [te for k, te in held.entries.items() if k not in wanted and self.table_names[te.table_id] in tables]
 
-
-def managed_tables() -> list[fy.P4TableEntry]:
-    """Wildcard reads of every table the control plane manages."""
-    return [
-        fy.P4TableEntry(TABLE_BOUNDARY),
-        fy.P4TableEntry(TABLE_SRC_IN_POD),
-        fy.P4TableEntry(TABLE_DST_IN_POD),
-        fy.P4TableEntry(TABLE_WINDOW),
-        fy.P4TableEntry(TABLE_LEASE, is_default_action=True),
-    ]
+        return Plan(
+            delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD),
+            set_windows=inserts(TABLE_WINDOW),
+            modify_windows=modifies(TABLE_WINDOW),
+            meters=[self.meter(cell, m) for cell, m in sorted(intent.meters.items()) if held.meters.get(cell) != m],
+            lease=[] if held.lease == lease.action else [lease],
+            insert_exemptions=inserts(TABLE_SRC_IN_POD) + inserts(TABLE_DST_IN_POD),
+            insert_boundary=inserts(TABLE_BOUNDARY),
+            modify_boundary=modifies(TABLE_BOUNDARY),
+            delete_boundary=stale(TABLE_BOUNDARY),
+            delete_windows=stale(TABLE_WINDOW),
+        )
 
 
 def usage_reads() -> list[fy.P4CounterEntry]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import finsy as fy
 from finsy.grpcutil import GRPCCredentialsTLS
 from finsy.p4client import P4ClientError
 from finsy.p4schema import P4ConfigResponseType
-from finsy.proto import p4i
+from finsy.proto import p4i, p4r
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from . import dataplane as dp
@@ -32,6 +33,7 @@ LOG = logging.getLogger(__name__)
 
 ELECTION_ID = 1 << 40  # above any default controller's bid (finsy 10, p4runtime-shell 1)
 RESYNC_S = 5.0
+MAX_PASSES = 3  # write-and-read-back rounds in one reconcile before it counts as failed
 
 
 @dataclass
@@ -68,6 +70,8 @@ class DpuAgent:
         self._poked = 0  # how many times the intent changed
         self.applied = 0  # the poke count the last successful reconcile started from
         self._applied_intent: dp.Intent | None = None
+        self._codec: dp.Codec | None = None
+        self._held: dp.Held | None = None  # the last read-back that matched the intent applied
         opts = fy.SwitchOptions(
             p4info=program.p4info,
             p4blob=program.bmv2_json,
@@ -125,8 +129,11 @@ class DpuAgent:
                 self._converged.clear()
                 await self._converged.wait()
 
+        if done():
+            return True
         try:
-            await asyncio.wait_for(_wait(), timeout)
+            async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for: thousands wait at once
+                await _wait()
             return True
         except TimeoutError:
             return False
@@ -143,71 +150,83 @@ class DpuAgent:
     async def _ready(self, sw: fy.Switch) -> None:
         self.status.connected = True
         self.status.primary = sw.is_primary
+        self._held = None  # a new connection: the DPU may have restarted, read it afresh
+        resync = False
         try:
             while True:
                 self._changed.clear()
                 try:
-                    await self._reconcile_with_retries(sw)
+                    await self._reconcile_with_retries(sw, resync)
                 except (P4ClientError, DriftError) as exc:
                     self.status.converged = False
                     self.status.last_error = str(exc)
                     LOG.warning("reconcile %s failed: %s", self.dpu.name, exc)
                 try:
-                    await asyncio.wait_for(self._changed.wait(), self.resync_s)
+                    # Jittered, so that DPUs that converged together do not all read back at once.
+                    async with asyncio.timeout(self.resync_s * random.uniform(0.8, 1.2)):
+                        await self._changed.wait()
+                    resync = False
                 except TimeoutError:
-                    pass
+                    resync = True  # nothing changed for a while: diff from a fresh read-back
         finally:
             self.status.connected = False
             self.status.primary = False
             self.status.converged = False
 
-    async def _reconcile_with_retries(self, sw: fy.Switch) -> None:
+    async def _reconcile_with_retries(self, sw: fy.Switch, resync: bool) -> None:
+        try:
+            # The usual case, without setting up the retry machinery: thousands of agents run this at once.
+            await self.reconcile(sw, resync)
+            return
+        except (P4ClientError, DriftError) as exc:
+            LOG.info("reconcile %s failed, retrying: %s", self.dpu.name, exc)
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type((P4ClientError, DriftError)),
             wait=wait_random_exponential(multiplier=0.05, max=2.0),
-            stop=stop_after_attempt(4),
+            stop=stop_after_attempt(3),
             reraise=True,
         ):
             with attempt:
-                await self.reconcile(sw)
+                await self.reconcile(sw, resync=True)
 
-    async def reconcile(self, sw: fy.Switch) -> None:
-        """Read back the DPU's entries and write what differs from the intent."""
+    async def reconcile(self, sw: fy.Switch, resync: bool = False) -> None:
+        """Write what the DPU's entries and meters lack of the intent, until a read-back shows it holds it.
+
+        The diff starts from the last read-back (unless `resync`, or there is none): a change then
+        costs one Write and one Read. Anything the read-back shows changed behind our back is drift,
+        corrected in the same pass.
+        """
         ticket = self._poked
         generation, intent = self.intent_fn()
-        # One Read for the tables and the meters (fewer round trips per DPU when thousands change).
-        held = [e async for e in sw.read([*dp.managed_tables(), *dp.meter_reads(intent)])]  # type: ignore[attr-defined]
-        current = [e for e in held if isinstance(e, fy.P4TableEntry)]
-        meters = [e for e in held if isinstance(e, fy.P4MeterEntry)]
-        p = dp.plan(intent, current, meters, sw.p4info)
-        if p.delete_exemptions:
-            await sw.delete(p.delete_exemptions)
-        if p.set_windows:
-            await sw.insert(p.set_windows)
-        if p.modify_windows:
-            await sw.modify(p.modify_windows)
-        if p.meters:
-            await sw.modify(p.meters)
-        if p.lease:
-            await sw.modify(p.lease)
-        if p.insert_exemptions:
-            await sw.insert(p.insert_exemptions)
-        if p.insert_boundary:
-            await sw.insert(p.insert_boundary)
-        if p.modify_boundary:
-            await sw.modify(p.modify_boundary)
-        if p.delete_boundary:
-            await sw.delete(p.delete_boundary)
-        if p.delete_windows:
-            await sw.delete(p.delete_windows)
-        if p.changes and intent == self._applied_intent:
-            # Nothing we asked for changed, yet the DPU differs: someone else (or a restart) changed it.
-            self.status.drift_corrections += 1
-            self.status.last_drift = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {p.describe()}"
-            LOG.warning("%s: drift corrected: %s", self.dpu.name, p.describe())
-        elif p.changes:
-            LOG.info("%s: %d updates", self.dpu.name, p.changes)
-        await self._verify_meters(sw, intent)
+        if self._codec is None or self._codec.schema is not sw.p4info:
+            self._codec = dp.Codec(sw.p4info)
+        codec = self._codec
+        held = None if resync else self._held
+        self._held = None  # until this pass confirms it
+        if held is None:
+            held = await self._read_back(sw, codec)
+            confirmed = True
+        else:
+            confirmed = False
+        for _ in range(MAX_PASSES):
+            p = codec.plan(intent, held)
+            if not p.changes and confirmed:
+                break
+            if p.changes:
+                if confirmed and intent == self._applied_intent:
+                    # Nothing we asked for changed, yet the DPU differs: someone else (or a restart) changed it.
+                    self.status.drift_corrections += 1
+                    self.status.last_drift = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {p.describe()}"
+                    LOG.warning("%s: drift corrected: %s", self.dpu.name, p.describe())
+                else:
+                    LOG.info("%s: %d updates", self.dpu.name, p.changes)
+                for batch in p.batches():
+                    await sw.write(batch)
+            held = await self._read_back(sw, codec)
+            confirmed = True
+        else:
+            raise DriftError(f"{self.dpu.name}: still differs after {MAX_PASSES} passes: {p.describe()}")
+        self._held = held
         self.status.converged = True
         self.status.last_error = ""
         self.status.generation_applied = generation
@@ -215,11 +234,11 @@ class DpuAgent:
         self._applied_intent = intent
         self._converged.set()
 
-    async def _verify_meters(self, sw: fy.Switch, intent: dp.Intent) -> None:
-        read = [m async for m in sw.read(dp.meter_reads(intent))]  # type: ignore[attr-defined]
-        wrong = dp.meter_mismatches(intent, read)
-        if wrong:
-            raise DriftError(f"{self.dpu.name}: meter cells {[m.index for m in wrong]} do not read back as written")
+    async def _read_back(self, sw: fy.Switch, codec: dp.Codec) -> dp.Held:
+        # The raw read (finsy's client) skips decoding to finsy entities only to encode them again.
+        assert sw._p4client is not None
+        request = p4r.ReadRequest(device_id=sw.device_id, entities=codec.reads)
+        return codec.held([e async for reply in sw._p4client.request_iter(request) for e in reply.entities])
 
     async def pipeline_digest(self) -> str:
         """SHA-256 of the pipeline the DPU says it runs (P4Info and device config), as read back."""
@@ -237,6 +256,7 @@ class DpuAgent:
         config = self.switch.p4info.get_pipeline_config()
         await self.switch._set_pipeline_config_request(config=config)
         self._applied_intent = None  # what we wrote is gone with the old pipeline: not drift, a restore
+        self._held = None
 
     async def read_usage(self) -> dict[str, dict[str, tuple[int, int]]]:
         """Counter cells by direction: {direction: {name: (packets, bytes)}}."""

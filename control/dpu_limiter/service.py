@@ -350,8 +350,13 @@ class LimiterService:
     async def wait_converged(self, timeout: float) -> bool:
         """Wait until every DPU applied the current generation."""
         gen = self.state.generation
-        results = await asyncio.gather(*(a.wait_converged(gen, timeout) for a in self.agents.values()))
-        return all(results)
+        deadline = asyncio.get_running_loop().time() + timeout
+        # One DPU at a time: the total wait is the slowest DPU's, without a waiter per DPU.
+        for a in list(self.agents.values()):
+            left = deadline - asyncio.get_running_loop().time()
+            if not a.holds(gen) and not await a.wait_converged(gen, max(left, 0.0)):
+                return False
+        return True
 
     async def usage(self, pod: str = "") -> list[DirectionUsage]:
         """Usage per pod and direction, summed over the pod's DPUs' counters."""

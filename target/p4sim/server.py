@@ -274,18 +274,17 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):
                 raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, "only CONTINUE_ON_ERROR atomicity is supported")
         except P4RuntimeError as exc:
             await context.abort(exc.code, exc.message)
-        errors: list[p4r.Error] = []
-        failed = False
+        # Errors by update index; the per-update details are built only when one fails.
+        failures: dict[int, p4r.Error] = {}
         with self.device.lock:
-            for update in request.updates:
+            for i, update in enumerate(request.updates):
                 try:
                     pipeline.write(update)
-                    errors.append(p4r.Error(canonical_code=rpc_code.OK))
                 except P4RuntimeError as exc:
-                    failed = True
-                    errors.append(p4r.Error(canonical_code=exc.code.value[0], message=exc.message))
-        if failed:
-            await _abort_with_details(context, errors)
+                    failures[i] = p4r.Error(canonical_code=exc.code.value[0], message=exc.message)
+        if failures:
+            ok = p4r.Error(canonical_code=rpc_code.OK)
+            await _abort_with_details(context, [failures.get(i, ok) for i in range(len(request.updates))])
         return p4r.WriteResponse()
 
     async def Read(  # noqa: N802

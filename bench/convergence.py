@@ -54,8 +54,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SHELL_PY = ROOT / ".venv-p4rt-shell" / "bin" / "python"
 
 
-async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[float, float]:
-    """(seconds to first convergence, seconds from a cap change to convergence)."""
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[float, float, float, float]:
+    """Seconds to first convergence, from a cap change to convergence, and both processes' CPU seconds in the latter."""
     plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", rebalance_loop=False)
     await plane.start()
     try:
@@ -80,14 +86,16 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[floa
             gc.freeze()
             os.kill(host_pid, signal.SIGUSR1)
             await asyncio.sleep(1.0)
+            cpu = cpu_s(os.getpid()), cpu_s(host_pid)
             t1 = time.monotonic()
             await c.set_pod_cap("a", 2e9, 2e9, 60.0)
             # The service's own wait (event-driven), not the API's status polling, to time it finely.
             assert await plane.service.wait_converged(timeout=600)
             change = time.monotonic() - t1
+            plane_cpu, host_cpu = cpu_s(os.getpid()) - cpu[0], cpu_s(host_pid) - cpu[1]
             agents = [plane.service.agents[f"dpu-{i}"] for i in range(len(addresses))]
             await verify(addresses, [a.intent_fn()[1].meters for a in agents])
-            return first, change
+            return first, change, plane_cpu, host_cpu
     finally:
         await plane.stop()
 
@@ -148,13 +156,14 @@ def main() -> int:
             assert host.stdout is not None
             addresses = json.loads(host.stdout.readline())
             with tempfile.TemporaryDirectory() as tmp:
-                first, change = asyncio.run(converge(addresses, Path(tmp), host.pid))
+                first, change, plane_cpu, host_cpu = asyncio.run(converge(addresses, Path(tmp), host.pid))
             base, base_writes = baseline(addresses)
         finally:
             host.terminate()
             host.wait(timeout=30)
         print(
-            f"dpus={n}: first convergence {first:.2f} s, cap change converged in {change:.3f} s, "
+            f"dpus={n}: first convergence {first:.2f} s, cap change converged in {change:.3f} s "
+            f"(CPU: control plane {plane_cpu:.2f} s, targets {host_cpu:.2f} s), "
             f"p4runtime-shell one by one {base:.3f} s (of which writing {base_writes:.3f} s)",
             file=sys.stderr,
         )

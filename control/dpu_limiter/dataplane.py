@@ -227,6 +227,7 @@ class Held:
 
 
 NOTHING = Held({}, None, {})
+SEEN_MAX = 1024  # read-back entries a Codec remembers the identity of (a DPU holds a handful)
 
 
 @dataclass
@@ -318,6 +319,7 @@ class Codec:
         self.reads = [e.encode(schema) for e in reads]
         self._tables_of: tuple[object, dict[str, dict[bytes, p4r.TableEntry]]] | None = None
         self._lease_of: tuple[tuple[int, int] | None, p4r.TableEntry] | None = None
+        self._seen: dict[bytes, tuple[bytes, p4r.TableEntry]] = {}  # read-back entry as sent -> _identified
 
     def tables(self, intent: Intent) -> dict[str, dict[bytes, p4r.TableEntry]]:
         """The intent's entries of each managed table, by identity (encoded once per pod layout)."""
@@ -365,10 +367,22 @@ class Codec:
             te = ent.table_entry
             if te.is_default_action:
                 if te.table_id == self.lease_table:
-                    out.lease = canonical(te).action
+                    out.lease = self._identified(te)[1].action
             elif te.table_id in self.table_names:
-                out.entries[entry_key(canonical(te))] = te
+                key, canon = self._identified(te)
+                out.entries[key] = canon
         return out
+
+    def _identified(self, te: p4r.TableEntry) -> tuple[bytes, p4r.TableEntry]:
+        """(identity, canonical form) of a read-back entry; a DPU answers with the same entries read after read."""
+        raw = te.SerializeToString()
+        hit = self._seen.get(raw)
+        if hit is None:
+            if len(self._seen) >= SEEN_MAX:
+                self._seen.clear()
+            canon = canonical(te)
+            hit = self._seen[raw] = (entry_key(canon), canon)
+        return hit
 
     def plan(self, intent: Intent, held: Held) -> Plan:
         """Diff the intent against what the DPU holds.

@@ -54,6 +54,14 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
+def attacked_pod_caps(rate: float | str, burst_bytes: int) -> list[dict[str, object]]:
+    """Scenario caps for pod a (`rate`, 2 s window) and b far above it, so a's DPUs alone hold a's traffic."""
+    return [
+        {"pod": "a", "egress": rate, "ingress": rate, "window_s": 2, "burst_bytes": burst_bytes},
+        {"pod": "b", "egress": "1G", "ingress": "1G", "window_s": 2, "burst_bytes": 1_000_000},
+    ]
+
+
 def can_netns() -> str | None:
     """None when namespaces can be made here, else the reason they cannot."""
     if os.geteuid() != 0:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, attacked_pod_caps
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.runner import LabRun
 from dpu_lab.virtual import VirtualLabRun
@@ -24,10 +24,7 @@ def scenario(tmp_path: Path, event: dict[str, object] | None) -> Path:
     doc = {
         "name": "audit",
         "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
-        "caps": [
-            {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": 2, "burst_bytes": 100_000},
-            {"pod": "b", "egress": "1G", "ingress": "1G", "window_s": 2, "burst_bytes": 1_000_000},
-        ],
+        "caps": attacked_pod_caps("8M", 100_000),
         "audit": {"interval_s": INTERVAL_S},
         "phases": [
             {

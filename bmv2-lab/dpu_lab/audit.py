@@ -12,9 +12,13 @@ Every `interval_s` of simulated time (the simulation paused, so every figure is 
   (green and yellow) out of it, and bytes the router sent into a pod against the bytes its DPUs
   say reached their meters on the way in (passed or dropped by meter, window budget or lease). A
   DPU that exempts, hides or forges traffic breaks the balance.
+- **probe** (asked for in `checks`): in each interval the verifier's probe agent on a capped pod's
+  host sends more than the pod's cap for `probe_s` to a host in another pod; its receiver checks
+  that no more got through than the cap allows in that time. It needs no counter the operator's
+  devices keep or forward, and it tests the cap when the pod's own traffic stays below it.
 
 Each check raises one alert per place, the first time it fails; the time to detection of a
-compromise is from the compromise to the first alert after it. Active probes are not modelled yet.
+compromise is from the compromise to the first alert after it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,18 @@ class Alert:
 
 
 @dataclass
+class Probe:
+    """One pod's probe: the bytes its receiver counts on the probe's port, and what the cap allows."""
+
+    pod: str
+    received: dict[int, int]  # the probe receiver's bytes by destination port
+    port: int
+    offered_bytes: int  # per burst
+    allowance_bytes: int  # per burst (with slack for the last frame or segment in flight)
+    last: int = 0
+
+
+@dataclass
 class Auditor:
     """Runs the checks at each tick; keeps the alerts."""
 
@@ -55,6 +71,7 @@ class Auditor:
     pods_of: dict[str, str]  # DPU name -> its pod
     slack_bytes: int = 4 * MAX_FRAME_BYTES  # frames that may be between a DPU and the router at a tick
     checks: Sequence[AuditCheck] = CHECKS
+    probes: list[Probe] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     _flagged: set[tuple[AuditCheck, str]] = field(default_factory=set)
     _drift: dict[str, int] = field(default_factory=dict)
@@ -74,6 +91,21 @@ class Auditor:
             self._router_count(t_s)
         if "conservation" in self.checks:
             await self._conservation(t_s)
+        if "probe" in self.checks:
+            self._probe(t_s)
+
+    def _probe(self, t_s: float) -> None:
+        # Each interval's burst ends before the tick, so what arrived since the last tick is one burst.
+        for p in self.probes:
+            now = p.received.get(p.port, 0)
+            got, p.last = now - p.last, now
+            if got > p.allowance_bytes:
+                self._alert(
+                    t_s,
+                    "probe",
+                    f"{p.pod} egress",
+                    f"a probe offered {p.offered_bytes} bytes, {got} got through, the cap allows {p.allowance_bytes}",
+                )
 
     async def _read_back(self, t_s: float) -> None:
         for name, agent in self.agents.items():

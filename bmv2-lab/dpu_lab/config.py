@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpu_limiter.models import NAME_RE
-from dpu_limiter.units import UnitError, parse_rate
+from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
 from .workloads import WorkloadSpec, expand
@@ -35,9 +35,12 @@ class PodSpec(_Model):
     name: str
     subnet: str
     hosts: list[str] = Field(min_length=1, max_length=200)
-    # pod-uplink: one limiter on the pod's uplink (Lucid); node: one per host, between it and the pod's
+    # pod-uplink: a limiter on the pod's uplink (Lucid); node: one per host, between it and the pod's
     # switch (Amodo), each enforcing an equal share of the pod's cap.
     placement: Literal["pod-uplink", "node"] = "pod-uplink"
+    # pod-uplink: parallel uplinks (virtual time), each with its limiter enforcing an equal share of the
+    # cap; the pod's switch and the router spread flows over them by a hash of the flow (ECMP).
+    uplinks: int = Field(default=1, ge=1, le=16)
 
     _check_name = field_validator("name")(_name)
 
@@ -63,6 +66,20 @@ class PodSpec(_Model):
         """The router's address in this pod's subnet (the last usable one)."""
         net = ipaddress.IPv4Network(self.subnet)
         return str(net.broadcast_address - 1)
+
+    def limiters(self) -> list[str]:
+        """Names of the pod's limiters: dpu-POD (dpu-POD-K of K parallel uplinks), or dpu-HOST per node."""
+        if self.placement == "node":
+            return [f"dpu-{h}" for h in self.hosts]
+        if self.uplinks == 1:
+            return [f"dpu-{self.name}"]
+        return [f"dpu-{self.name}-{k}" for k in range(1, self.uplinks + 1)]
+
+    @model_validator(mode="after")
+    def _uplinks(self) -> PodSpec:
+        if self.uplinks > 1 and self.placement != "pod-uplink":
+            raise ValueError(f"uplinks: {self.uplinks} parallel uplinks need placement pod-uplink")
+        return self
 
     def host_address(self, index: int) -> str:
         """Address of the pod's `index`-th host (first usable addresses)."""
@@ -103,6 +120,9 @@ class Topology(_Model):
         hosts = [h for p in self.pods for h in p.hosts]
         if len(set(hosts)) != len(hosts):
             raise ValueError("host names must be unique across pods")
+        limiters = [n for p in self.pods for n in p.limiters()]
+        if len(set(limiters)) != len(limiters):
+            raise ValueError(f"limiter names clash (a host named like a pod's uplink?): {sorted(limiters)}")
         nets = [ipaddress.IPv4Network(p.subnet) for p in self.pods]
         for i, a in enumerate(nets):
             for b in nets[i + 1 :]:
@@ -167,6 +187,12 @@ class CapSpec(_Model):
 
     _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
 
+    def bucket_bytes(self) -> int:
+        """The bucket allowed on top of the rate: its burst (or the default); none in window mode."""
+        if self.mode == "window":
+            return 0  # window mode is exact: the allowance is the budget itself
+        return self.burst_bytes or default_burst_bytes(max(self.egress, self.ingress))
+
 
 class FlowSpec(_Model):
     """One traffic flow between two hosts."""
@@ -180,6 +206,9 @@ class FlowSpec(_Model):
     # Evasion (virtual time): the datagrams' shape (frames.py) and a forged IPv4 source address.
     encap: Literal["none", "vlan", "ipv6", "gre", "vxlan", "fragment"] = "none"
     spoof_src: str | None = None
+    # Virtual time: the sender picked its ports so that its pod's ECMP puts the flow on this uplink
+    # (1-based), as an attacker who knows a compromised uplink would; otherwise the hash decides.
+    uplink: int | None = Field(default=None, ge=1, le=16)
 
     @field_validator("spoof_src")
     @classmethod
@@ -244,14 +273,29 @@ class EventSpec(_Model):
         return self
 
 
-AuditCheck = Literal["read-back", "router-count", "conservation"]
+AuditCheck = Literal["read-back", "router-count", "conservation", "probe"]
+# Probes send traffic of their own (part of the pod's cap): a scenario asks for them.
+DEFAULT_CHECKS: list[AuditCheck] = ["read-back", "router-count", "conservation"]
 
 
 class AuditSpec(_Model):
-    """The verifier's audit beside the control plane (virtual time): which checks, how often."""
+    """The verifier's audit beside the control plane (virtual time): which checks, how often.
+
+    probe: every interval, the verifier's probe agent on each capped pod's first host sends
+    `probe_factor` times the pod's egress cap for `probe_s` to a host in another pod, and the probe's
+    receiver checks that no more arrived than the cap allows in that time.
+    """
 
     interval_s: float = Field(default=1.0, gt=0, le=3600)
-    checks: list[AuditCheck] = Field(default_factory=lambda: list(get_args(AuditCheck)), min_length=1)
+    checks: list[AuditCheck] = Field(default_factory=lambda: list(DEFAULT_CHECKS), min_length=1)
+    probe_s: float = Field(default=0.5, gt=0, le=3600)
+    probe_factor: float = Field(default=2.0, gt=1, le=1000)
+
+    @model_validator(mode="after")
+    def _probe_fits(self) -> AuditSpec:
+        if "probe" in self.checks and self.probe_s >= self.interval_s:
+            raise ValueError(f"probe_s: {self.probe_s} must be shorter than interval_s ({self.interval_s})")
+        return self
 
 
 class PhaseSpec(_Model):
@@ -281,14 +325,23 @@ class Scenario(_Model):
 
     @model_validator(mode="after")
     def _refs(self) -> Scenario:
+        if self.audit is not None and "probe" in self.audit.checks:
+            if len(self.topology.pods) < 2:
+                raise ValueError("audit.checks: a probe needs a second pod to send to")
+            for c in self.caps:
+                need = probe_seconds_needed(c, self.peak_rates(c.pod)[0], self.audit.probe_factor)
+                if self.audit.probe_s <= need:
+                    raise ValueError(
+                        f"audit.probe_s: {self.audit.probe_s} s at {self.audit.probe_factor:g}x pod {c.pod}'s cap "
+                        f"cannot offer more than the cap allows in that time; needs more than {need:.3g} s"
+                    )
         pods = {p.name for p in self.topology.pods}
         hosts = {h for p in self.topology.pods for h in p.hosts}
         for i, c in enumerate(self.caps):
             if c.pod not in pods:
                 raise ValueError(f"caps[{i}].pod: unknown pod {c.pod!r} (pods: {sorted(pods)})")
         names = set()
-        limiters = {f"dpu-{p.name}" for p in self.topology.pods if p.placement == "pod-uplink"}
-        limiters |= {f"dpu-{h}" for p in self.topology.pods if p.placement == "node" for h in p.hosts}
+        limiters = {n for p in self.topology.pods for n in p.limiters()}
         for pi, ph in enumerate(self.phases):
             for ei, ev in enumerate(ph.events):
                 if ev.action == "set-cap":
@@ -307,6 +360,11 @@ class Scenario(_Model):
                 for end in ("src", "dst"):
                     if getattr(f, end) not in hosts:
                         raise ValueError(f"phases[{pi}].flows[{fi}].{end}: unknown host {getattr(f, end)!r}")
+                if f.uplink is not None and f.uplink > self.topology.pod_of_host(f.src).uplinks:
+                    pod = self.topology.pod_of_host(f.src)
+                    raise ValueError(
+                        f"phases[{pi}].flows[{fi}].uplink: {f.uplink}, but pod {pod.name!r} has {pod.uplinks} uplink(s)"
+                    )
                 if f.name in names:
                     raise ValueError(f"phases[{pi}].flows[{fi}].name: duplicate flow name {f.name!r}")
                 names.add(f.name)
@@ -325,6 +383,26 @@ class Scenario(_Model):
             max([cap.egress, *(float(e.egress or 0) for e in changes)]),
             max([cap.ingress, *(float(e.ingress or 0) for e in changes)]),
         )
+
+
+def probe_allowance_bytes(cap: CapSpec, rate: float, seconds: float) -> int:
+    """Most bytes a pod may pass at `rate` in `seconds` (at most its window): rate x time + bucket +
+    one frame in rate mode, the whole window budget in window mode."""
+    if cap.mode == "window":
+        return allowed_window_bytes(rate, cap.window_s, 0)
+    return allowed_window_bytes(rate, seconds, cap.bucket_bytes())
+
+
+def probe_seconds_needed(cap: CapSpec, rate: float, factor: float) -> float:
+    """The shortest probe at `factor` x `rate` that offers more than the cap allows in its time."""
+    lo, hi = 0.0, 3600.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if factor * rate * mid / 8 > probe_allowance_bytes(cap, rate, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:

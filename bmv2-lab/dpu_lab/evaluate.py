@@ -12,7 +12,7 @@ import numpy as np
 
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.units import allowed_window_bytes, default_burst_bytes
+from dpu_limiter.units import allowed_window_bytes
 
 from . import measure
 from .capture import Capture
@@ -88,16 +88,9 @@ def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
     return [("egress", egress), ("ingress", ingress)]
 
 
-def cap_burst(cap: CapSpec) -> int:
-    """The bucket a cap allows on top of its rate: its burst (or the default); none in window mode."""
-    if cap.mode == "window":
-        return 0  # window mode is exact: the allowance is the budget itself
-    return cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
-
-
 def allowance_bytes(cap: CapSpec, rate: float) -> int:
     """Most bytes allowed in any window of the cap's length in one direction (report.json's rule)."""
-    return allowed_window_bytes(rate, cap.window_s, cap_burst(cap))
+    return allowed_window_bytes(rate, cap.window_s, cap.bucket_bytes())
 
 
 def evaluate(
@@ -141,7 +134,7 @@ def evaluate(
                 t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
             mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
             total = int(np.sum(bins)) if len(bins) else 0
-            burst = cap_burst(cap)
+            burst = cap.bucket_bytes()
             results.append(
                 Result.evaluate(
                     pod.name,

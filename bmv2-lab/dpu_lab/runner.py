@@ -72,6 +72,7 @@ class LabRun:
                 ("the audit", sc.audit is not None),
                 ("workloads", any(ph.workloads for ph in sc.phases)),
                 ("evasion flows", any(f.encap != "none" or f.spoof_src for ph in sc.phases for f in ph.flows)),
+                ("parallel uplinks", any(p.uplinks > 1 for p in sc.topology.pods)),
             )
             if used
         ]

@@ -18,9 +18,9 @@ from dpu_limiter.units import MAX_FRAME_BYTES
 from p4sim.clock import VirtualClock
 from p4sim.server import Device, add_to_server
 
-from .audit import Auditor
+from .audit import Auditor, Probe
 from .compromise import compromise
-from .config import ConfigError, EventSpec, Scenario
+from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
 from .frames import Encap
 from .report import Flow, Phase, Report, write_report
@@ -28,6 +28,7 @@ from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
 BASE_PORT = 5201
+PROBE_PORT = 60000  # the verifier's probes (one port per capped pod)
 START_S = 0.1  # traffic starts a little after time zero, like the real lab's start delay
 LINGER_S = 0.05
 REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
@@ -47,6 +48,7 @@ class _Sending:
     payload: int
     encap: Encap = "none"
     spoof_src: str | None = None
+    uplink: int | None = None  # pinned to this uplink of its pod (1-based)
     port: int = 0
     source: UdpSource | None = None
     delivered_bytes: int = 0
@@ -89,13 +91,7 @@ def workload_result(phase: str, spec: WorkloadSpec, streams: list[_Sending]) -> 
 
 def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
     """(name, role, pod) of every limiter the topology's placements call for."""
-    out = []
-    for pod in sc.topology.pods:
-        if pod.placement == "node":
-            out += [(f"dpu-{h}", "node", pod.name) for h in pod.hosts]
-        else:
-            out.append((f"dpu-{pod.name}", "pod-uplink", pod.name))
-    return out
+    return [(name, pod.placement, pod.name) for pod in sc.topology.pods for name in pod.limiters()]
 
 
 @dataclass
@@ -230,9 +226,8 @@ class VirtualLabRun:
             for f in ph.flows:
                 assert f.rate is not None
                 seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate)]
-                sending.append(
-                    _Sending(phase, f.name, f.src, f.dst, seg, self.segment_bytes or f.size, f.encap, f.spoof_src)
-                )
+                payload = self.segment_bytes or f.size
+                sending.append(_Sending(phase, f.name, f.src, f.dst, seg, payload, f.encap, f.spoof_src, f.uplink))
             for w in ph.workloads:
                 first = len(sending)
                 for stream in expand(w, hosts, ph.duration_s):
@@ -247,8 +242,11 @@ class VirtualLabRun:
         for port, s in enumerate(sending, BASE_PORT):
             s.port = port
             s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload, s.encap, s.spoof_src)
+            if s.uplink is not None:
+                net.pinned[s.source.frame[6:12]] = s.uplink - 1
             s.source.start()
         end_ns = int((t + LINGER_S) * NS)
+        probes = self._probes(net, end_ns) if sc.audit is not None and "probe" in sc.audit.checks else []
         cpu0, wall0 = time.process_time(), time.monotonic()
         rebalancing = [c.pod for c in sc.caps if c.rebalance]
         auditor = None
@@ -257,7 +255,9 @@ class VirtualLabRun:
             pods_of = {name: agents[name].dpu.pod for name in devices}
             # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
             largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
-            auditor = Auditor(sc, net.router_counts, agents, pods_of, slack_bytes=4 * largest, checks=sc.audit.checks)
+            auditor = Auditor(
+                sc, net.router_counts, agents, pods_of, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
+            )
         plan = _stops(
             sc,
             end_ns,
@@ -330,6 +330,38 @@ class VirtualLabRun:
                 + "".join(f"\n  {a['t_s']:.1f} s {a['check']} {a['where']}: {a['detail']}" for a in found)
             )
         return report, series
+
+    def _probes(self, net: SimNetwork, end_ns: int) -> list[Probe]:
+        """Start each capped pod's probe: a burst at the start of every audit interval (audit.py)."""
+        sc = self.scenario
+        assert sc.audit is not None
+        interval, probe_s = sc.audit.interval_s, sc.audit.probe_s
+        payload = self.segment_bytes or WORKLOAD_PAYLOAD
+        largest = max(MAX_FRAME_BYTES, payload + 42)
+        out = []
+        for i, cap in enumerate(sc.caps):
+            src_pod = sc.topology.pod(cap.pod)
+            # To the pod with the most room to receive, so that its ingress cap does not hide the probe.
+            others = [p for p in sc.topology.pods if p.name != cap.pod]
+            dst_pod = max(others, key=lambda p: sc.peak_rates(p.name)[1] if sc.cap_of(p.name) else float("inf"))
+            rate = sc.peak_rates(cap.pod)[0]
+            bursts = [
+                (int(k * interval * NS) + 1_000, int((k * interval + probe_s) * NS), sc.audit.probe_factor * rate)
+                for k in range(int(end_ns / (interval * NS)))
+            ]
+            port = PROBE_PORT + i
+            source = udp_source(net, src_pod.hosts[0], dst_pod.hosts[0], port, bursts, payload)
+            source.start()
+            out.append(
+                Probe(
+                    cap.pod,
+                    net.receivers[dst_pod.hosts[0]].bytes_by_port,
+                    port,
+                    int(sc.audit.probe_factor * rate * probe_s / 8),
+                    probe_allowance_bytes(cap, rate, probe_s) + largest,
+                )
+            )
+        return out
 
 
 def _stops(

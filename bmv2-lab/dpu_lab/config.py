@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,8 +37,10 @@ class PodSpec(_Model):
     subnet: str
     hosts: list[str] = Field(min_length=1, max_length=200)
     # pod-uplink: a limiter on the pod's uplink (Lucid); node: one per host, between it and the pod's
-    # switch (Amodo), each enforcing an equal share of the pod's cap.
-    placement: Literal["pod-uplink", "node"] = "pod-uplink"
+    # switch (Amodo), each enforcing an equal share of the pod's cap; router (virtual time): one
+    # limiter per router, where it meets the spine, holding the caps of the pods behind it as one
+    # cell (traffic between pods of one cell never reaches it). Router placement is all pods' or none.
+    placement: Literal["pod-uplink", "node", "router"] = "pod-uplink"
     # pod-uplink: parallel uplinks (virtual time), each with its limiter enforcing an equal share of the
     # cap; the pod's switch and the router spread flows over them by a hash of the flow (ECMP).
     uplinks: int = Field(default=1, ge=1, le=16)
@@ -68,7 +71,10 @@ class PodSpec(_Model):
         return str(net.broadcast_address - 1)
 
     def limiters(self) -> list[str]:
-        """Names of the pod's limiters: dpu-POD (dpu-POD-K of K parallel uplinks), or dpu-HOST per node."""
+        """Names of the pod's limiters: dpu-POD (dpu-POD-K of K parallel uplinks), or dpu-HOST per node
+        (with router placement the limiters are the routers', Topology.limiters)."""
+        if self.placement == "router":
+            return []
         if self.placement == "node":
             return [f"dpu-{h}" for h in self.hosts]
         if self.uplinks == 1:
@@ -104,13 +110,40 @@ class ScaleUpLink(_Model):
             raise ValueError(str(exc)) from None
 
 
+class RoutingSpec(_Model):
+    """Which router each pod's uplink lands on (virtual time, with more than one router).
+
+    operator: as `pods` says (pods it leaves out: the first router), fixed for the run; the operator
+    chooses, so it can put the pods of one job behind one router. randomised: the verifier deals
+    the pods over the routers at random (as evenly as they go) at the start and again every
+    `period_s`, from `seed`.
+    """
+
+    assign: Literal["operator", "randomised"] = "operator"
+    pods: dict[str, str] = Field(default_factory=dict)
+    period_s: float | None = Field(default=None, gt=0, le=86_400)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _fields(self) -> RoutingSpec:
+        if self.assign == "operator" and self.period_s is not None:
+            raise ValueError("period_s: only a randomised assignment is redrawn")
+        if self.assign == "randomised" and self.pods:
+            raise ValueError("pods: a randomised assignment is the verifier's to draw; remove pods")
+        return self
+
+
 class Topology(_Model):
-    """Pods behind limiting devices, joined by one router (and, to model a bypass, scale-up links)."""
+    """Pods behind limiting devices, joined by routers (more than one: through a spine), and, to model
+    a bypass, scale-up links."""
 
     name: str
     pods: list[PodSpec] = Field(min_length=1, max_length=16)
-    router: str = "r1"
+    routers: list[str] = Field(default_factory=lambda: ["r1"], min_length=1, max_length=16)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
     scaleup_links: list[ScaleUpLink] = Field(default_factory=list, max_length=64)
+
+    _check_routers = field_validator("routers")(lambda v: [_name(r) for r in v])
 
     @model_validator(mode="after")
     def _unique(self) -> Topology:
@@ -120,7 +153,24 @@ class Topology(_Model):
         hosts = [h for p in self.pods for h in p.hosts]
         if len(set(hosts)) != len(hosts):
             raise ValueError("host names must be unique across pods")
-        limiters = [n for p in self.pods for n in p.limiters()]
+        if len(set(self.routers)) != len(self.routers) or set(self.routers) & set(names):
+            raise ValueError(f"router names must be unique and differ from pod names: {self.routers}")
+        if len({p.placement == "router" for p in self.pods}) > 1:
+            raise ValueError("placement: router placement is every pod's or none's")
+        if self.pods[0].placement == "router":
+            # Every router's cell needs a pod in every period (a control-plane pod needs a prefix).
+            if len(self.pods) < len(self.routers):
+                raise ValueError(f"routers: {len(self.routers)} routers, but router placement needs a pod for each")
+            if self.routing.assign == "operator":
+                empty = sorted(set(self.routers) - set(self.assignment(0).values()))
+                if empty:
+                    raise ValueError(f"routing.pods: routers {empty} get no pod; router placement needs one each")
+        for pod, router in self.routing.pods.items():
+            if pod not in names:
+                raise ValueError(f"routing.pods: unknown pod {pod!r}")
+            if router not in self.routers:
+                raise ValueError(f"routing.pods.{pod}: unknown router {router!r} (routers: {self.routers})")
+        limiters = self.limiters()
         if len(set(limiters)) != len(limiters):
             raise ValueError(f"limiter names clash (a host named like a pod's uplink?): {sorted(limiters)}")
         nets = [ipaddress.IPv4Network(p.subnet) for p in self.pods]
@@ -135,6 +185,20 @@ class Topology(_Model):
             if link.a == link.b:
                 raise ValueError(f"scaleup_links[{i}]: a link needs two different hosts")
         return self
+
+    def limiters(self) -> list[str]:
+        """Names of every limiter: the pods' (PodSpec.limiters), or dpu-ROUTER per router (router placement)."""
+        if self.pods[0].placement == "router":
+            return [f"dpu-{r}" for r in self.routers]
+        return [n for p in self.pods for n in p.limiters()]
+
+    def assignment(self, draw: int) -> dict[str, str]:
+        """Each pod's router in the `draw`-th period of the run (operator routing: always the same)."""
+        if self.routing.assign == "operator":
+            return {p.name: self.routing.pods.get(p.name, self.routers[0]) for p in self.pods}
+        pods = [p.name for p in self.pods]
+        random.Random(f"{self.routing.seed}/{draw}").shuffle(pods)
+        return {pod: self.routers[i % len(self.routers)] for i, pod in enumerate(pods)}
 
     def scaleup_peer(self, host: str) -> dict[str, int]:
         """Hosts joined to `host` by a scale-up link: {peer: link index}."""
@@ -335,13 +399,15 @@ class Scenario(_Model):
                         f"audit.probe_s: {self.audit.probe_s} s at {self.audit.probe_factor:g}x pod {c.pod}'s cap "
                         f"cannot offer more than the cap allows in that time; needs more than {need:.3g} s"
                     )
+        if self.topology.pods[0].placement == "router":
+            self._router_placement()
         pods = {p.name for p in self.topology.pods}
         hosts = {h for p in self.topology.pods for h in p.hosts}
         for i, c in enumerate(self.caps):
             if c.pod not in pods:
                 raise ValueError(f"caps[{i}].pod: unknown pod {c.pod!r} (pods: {sorted(pods)})")
         names = set()
-        limiters = {n for p in self.topology.pods for n in p.limiters()}
+        limiters = set(self.topology.limiters())
         for pi, ph in enumerate(self.phases):
             for ei, ev in enumerate(ph.events):
                 if ev.action == "set-cap":
@@ -369,6 +435,20 @@ class Scenario(_Model):
                     raise ValueError(f"phases[{pi}].flows[{fi}].name: duplicate flow name {f.name!r}")
                 names.add(f.name)
         return self
+
+    def _router_placement(self) -> None:
+        """A router's limiter holds its cell's pods as one (routing.py): their caps must add up."""
+        caps = {c.pod: c for c in self.caps}
+        missing = [p.name for p in self.topology.pods if p.name not in caps]
+        if missing:
+            raise ValueError(f"caps: router placement caps every pod; {missing} have no cap")
+        kinds = {(c.window_s, c.mode) for c in self.caps}
+        if len(kinds) > 1 or any(c.rebalance for c in self.caps):
+            raise ValueError("caps: router placement needs the same window_s and mode in every cap, and no rebalance")
+        if any(e.action == "set-cap" for ph in self.phases for e in ph.events):
+            raise ValueError("events: set-cap is not modelled with router placement")
+        if self.audit is not None and "conservation" in self.audit.checks:
+            raise ValueError("audit.checks: conservation is drawn per pod's DPUs; router placement has none of its own")
 
     def cap_of(self, pod: str) -> CapSpec | None:
         """The cap set on `pod`, if any."""

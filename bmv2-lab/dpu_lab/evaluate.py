@@ -18,11 +18,13 @@ from . import measure
 from .capture import Capture
 from .config import CapSpec, EventSpec, Scenario
 from .report import Direction, Flow, Phase, Report, Result
+from .routing import apply_pods, control_pods
 
 PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 
 
-ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE}
+# A router's limiter is its cell's uplink.
+ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE, "router": pb.DPU_ROLE_POD_UPLINK}
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ class LabDpu:
 
 async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> None:
     """Declare pods, register each limiter, set caps, wait until every DPU holds them."""
-    for pod in sc.topology.pods:
-        await client.apply_pod(pod.name, [pod.subnet])
+    pods = control_pods(sc, sc.topology.assignment(0))
+    for p in pods:
+        await client.apply_pod(p.name, p.prefixes)
     for d in dpus:
         await client.register_dpu(
             pb.Dpu(
@@ -54,10 +57,7 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
                 buffer_bytes=d.buffer_bytes,
             )
         )
-    for cap in sc.caps:
-        await client.set_pod_cap(
-            cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode
-        )
+    await apply_pods(client, pods)
     await client.wait_converged(timeout=60)
 
 

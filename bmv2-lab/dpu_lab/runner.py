@@ -73,6 +73,8 @@ class LabRun:
                 ("workloads", any(ph.workloads for ph in sc.phases)),
                 ("evasion flows", any(f.encap != "none" or f.spoof_src for ph in sc.phases for f in ph.flows)),
                 ("parallel uplinks", any(p.uplinks > 1 for p in sc.topology.pods)),
+                ("more than one router", len(sc.topology.routers) > 1),
+                ("router placement", sc.topology.pods[0].placement == "router"),
             )
             if used
         ]

@@ -24,6 +24,7 @@ from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
 from .frames import Encap
 from .report import Flow, Phase, Report, write_report
+from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
@@ -91,7 +92,10 @@ def workload_result(phase: str, spec: WorkloadSpec, streams: list[_Sending]) -> 
 
 def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
     """(name, role, pod) of every limiter the topology's placements call for."""
-    return [(name, pod.placement, pod.name) for pod in sc.topology.pods for name in pod.limiters()]
+    topo = sc.topology
+    if topo.pods[0].placement == "router":
+        return [(f"dpu-{r}", "router", cell_name(r)) for r in topo.routers]
+    return [(name, pod.placement, pod.name) for pod in topo.pods for name in pod.limiters()]
 
 
 @dataclass
@@ -264,8 +268,10 @@ class VirtualLabRun:
             REBALANCE_S if rebalancing else None,
             sc.audit.interval_s if sc.audit else None,
             plane.service.lease_s / 3,
+            sc.topology.routing.period_s,
         )
         events: list[dict[str, object]] = []
+        assignments: list[dict[str, object]] = [{"t_s": 0.0, "routers": dict(net.router_of)}]
         for t_ns, todo in plan:
             # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
             await asyncio.to_thread(engine.run, t_ns)
@@ -278,6 +284,12 @@ class VirtualLabRun:
                 for pod in rebalancing:
                     if await plane.service.rebalance_pod(pod, t_ns / NS):
                         await plane.service.settle(pod)
+            if "reroute" in todo:
+                new = sc.topology.assignment(len(assignments))
+                async with LimiterClient(plane.address) as client:
+                    await reroute(client, sc, net.router_of, new)
+                net.reroute(new)
+                assignments.append({"t_s": t_ns / NS, "routers": new})
             if "audit" in todo and auditor is not None:
                 await auditor.tick(t_ns / NS)
             for ev in todo.get("revive", []):
@@ -320,6 +332,9 @@ class VirtualLabRun:
         report, series = evaluate(sc, net.captures(), phases, flows, 0.0, duration, "embedded", "simulated")
         report.time = "virtual"
         report.events = events
+        if len(sc.topology.routers) > 1:
+            routing = sc.topology.routing
+            report.routing = {"assign": routing.assign, "period_s": routing.period_s, "assignments": assignments}
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
         if auditor is not None and sc.audit is not None:
             compromises = [e for e in events if e["action"] == "compromise"]
@@ -365,11 +380,17 @@ class VirtualLabRun:
 
 
 def _stops(
-    sc: Scenario, end_ns: int, rebalance_s: float | None, audit_s: float | None, renew_s: float
+    sc: Scenario,
+    end_ns: int,
+    rebalance_s: float | None,
+    audit_s: float | None,
+    renew_s: float,
+    reroute_s: float | None,
 ) -> list[tuple[int, dict[str, list[object]]]]:
     """Simulated instants where the simulation pauses, each with what happens then, in time order."""
     stops: dict[int, dict[str, list[object]]] = {end_ns: {}}
-    for what, every in (("lease", renew_s), ("rebalance", rebalance_s), ("audit", audit_s)):
+    every_s = (("lease", renew_s), ("rebalance", rebalance_s), ("audit", audit_s), ("reroute", reroute_s))
+    for what, every in every_s:
         if every is not None:
             for k in range(1, int(end_ns / (every * NS)) + 1):
                 stops.setdefault(int(k * every * NS), {})[what] = []

@@ -96,6 +96,29 @@ def test_a_scenario_the_target_cannot_carry_is_refused(tmp_path: Path) -> None:
     assert res.returncode == 2, res.stderr[-2000:]
     assert "calibration" in res.stderr and "20000.0 Mbit/s" in res.stderr and "--time virtual" in res.stderr
     assert not (tmp_path / "o" / "report.json").exists()
+    # --rescale: the same scenario, every rate and burst scaled down to what the target carries.
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpu_limiter.cli",
+            "lab",
+            "run",
+            str(too_fast),
+            "--out",
+            str(tmp_path / "r"),
+            "--rescale",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    cal = report["calibration"]
+    assert cal["verdict"] == "rescaled" and 0 < cal["scale"] < 1 and "scaled by" in cal["note"]
+    assert cal["capacity_bps"] >= 1.25 * 20e9 * cal["scale"]
+    assert {r["cap_bps"] for r in report["results"]} == {20e9 * cal["scale"]}
 
 
 def test_lab_smoke_embedded(tmp_path: Path) -> None:

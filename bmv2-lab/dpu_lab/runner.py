@@ -23,7 +23,7 @@ from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
 
-from .calibrate import Calibration, calibrate
+from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
@@ -60,6 +60,7 @@ class LabRun:
     events: list[dict[str, object]] = field(default_factory=list)
     t_start: float = 0.0  # when the captures started: the report's time base
     calibrate: bool = False  # first measure what the target carries here (calibrate.py); the CLI's default
+    rescale: bool = False  # and scale a scenario it cannot carry down to what it can, rather than refuse
     calibration: Calibration | None = None
 
     def run(self) -> Report:
@@ -84,7 +85,11 @@ class LabRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
         if self.calibrate:
-            self.calibration = calibrate(sc, self.target, self.traffic, self.out_dir / "calibration", self.console)
+            self.calibration = calibrate(
+                sc, self.target, self.traffic, self.out_dir / "calibration", self.console, self.rescale
+            )
+            if self.calibration.verdict == "rescaled":
+                self.scenario = scaled(sc, self.calibration.scale)
         with _sigterm_as_interrupt():
             try:
                 return self._run()

@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
         help="real time: skip measuring first what the target carries here (and refusing a scenario it cannot carry)",
     )
     run.add_argument(
+        "--rescale",
+        action="store_true",
+        help="real time: scale every rate and burst down to what calibration found the target carries, "
+        "rather than refuse (the report says by how much)",
+    )
+    run.add_argument(
         "--traffic",
         choices=["auto", "iperf3", "builtin"],
         default="auto",
@@ -270,7 +276,9 @@ def _lab_run(args: argparse.Namespace) -> int:
                 "dpu-limiter: --traffic iperf3 needs iperf3 on PATH (Debian: apt-get install iperf3)", file=sys.stderr
             )
             return 2
-        report = LabRun(scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate).run()
+        report = LabRun(
+            scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate, rescale=args.rescale
+        ).run()
     except CalibrationError as exc:
         print(f"dpu-limiter: calibration: {exc}", file=sys.stderr)
         return 2

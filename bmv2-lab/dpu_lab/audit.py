@@ -23,7 +23,7 @@ compromise is from the compromise to the first alert after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -183,18 +183,26 @@ class Auditor:
                         f"{verb} it {said}",
                     )
 
-    def summary(self, interval_s: float, compromises: list[dict[str, Any]]) -> dict[str, Any]:
-        """The report's `audit` section: alerts, and whether and how fast each compromise was caught."""
+    def summary(
+        self, interval_s: float, compromises: list[dict[str, Any]], violations: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """The report's `audit` section: alerts, and whether and how fast each compromise was caught.
+
+        An alert is a detection when it follows a compromise, or when it is about a pod and direction
+        whose cap the receivers saw broken (`violations`, "POD DIRECTION": e.g. a bypass or an
+        operator's routing, with no compromise at all); any other alert is a false alarm.
+        """
         first = min((c["t_s"] for c in compromises), default=None)
-        before = [a for a in self.alerts if first is None or a.t_s < first]
-        after = [a for a in self.alerts if first is not None and a.t_s >= first]
+        true = [a for a in self.alerts if (first is not None and a.t_s >= first) or a.where in violations]
+        false = [a for a in self.alerts if a not in true]
+        after = [a for a in true if first is not None and a.t_s >= first]
         return {
             "interval_s": interval_s,
             "checks": list(self.checks),
             "alerts": [a.__dict__ for a in self.alerts],
             "compromises": compromises,
-            "false_alarms": len(before),
-            "detected": bool(after),
+            "false_alarms": len(false),
+            "detected": bool(true),
             "time_to_detection_s": round(after[0].t_s - first, 6) if after and first is not None else None,
-            "detected_by": sorted({a.check for a in after}),
+            "detected_by": sorted({a.check for a in true}),
         }

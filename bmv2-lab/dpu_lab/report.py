@@ -244,7 +244,9 @@ def plot_detection(report: Report, series: PlotSeries) -> Figure:
         where = ev.get("dpu", ev.get("pod", ""))
         top.text(float(ev["t_s"]), 0.97, f" {where}: {what}", transform=top.get_xaxis_transform(), va="top", fontsize=8)
     ttd = report.audit["time_to_detection_s"]
-    found = f"detected after {ttd:g} s" if ttd is not None else "not detected"
+    found = (
+        f"detected after {ttd:g} s" if ttd is not None else ("detected" if report.audit["detected"] else "not detected")
+    )
     fig.suptitle(f"{report.scenario}: audit every {report.audit['interval_s']:g} s, {found}")
     return fig
 

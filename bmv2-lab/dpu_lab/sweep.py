@@ -232,8 +232,9 @@ def plot_sweep(name: str, rows: list[dict[str, Any]]) -> Figure:
     for bar, r in zip(bars, rows, strict=True):
         if r["detected"]:
             bar.set_hatch("//")
+            ttd = r["time_to_detection_s"]  # None: detected, with no compromise to time it from
             ax.annotate(
-                f"{r['time_to_detection_s']:g} s",
+                "detected" if ttd is None else f"{ttd:g} s",
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",

@@ -338,7 +338,8 @@ class VirtualLabRun:
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
         if auditor is not None and sc.audit is not None:
             compromises = [e for e in events if e["action"] == "compromise"]
-            report.audit = auditor.summary(sc.audit.interval_s, compromises)
+            broken = {f"{r.pod} {r.direction}" for r in report.results if not r.compliant}
+            report.audit = auditor.summary(sc.audit.interval_s, compromises, broken)
             found = report.audit["alerts"]
             self._say(
                 f"audit: {len(found)} alert(s)"

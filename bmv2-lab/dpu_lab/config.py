@@ -303,7 +303,7 @@ class EventSpec(_Model):
     """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
 
     restart-dpu: the DPU's target dies and comes back empty after `down_s`.
-    compromise (virtual time): the DPU's own firmware tampers with it as `how` says, and with
+    compromise: the DPU's own firmware tampers with it as `how` says (real time: embedded target only), and with
     `forge` also lies to the controller (compromise.py).
     set-cap: the pod's cap changes to `egress`/`ingress` (its window and burst kept), through the
     control plane's API, as an operator's policy change would.
@@ -343,7 +343,7 @@ DEFAULT_CHECKS: list[AuditCheck] = ["read-back", "router-count", "conservation"]
 
 
 class AuditSpec(_Model):
-    """The verifier's audit beside the control plane (virtual time): which checks, how often.
+    """The verifier's audit beside the control plane (live_audit.py in real time): which checks, how often.
 
     probe: every interval, the verifier's probe agent on each capped pod's first host sends
     `probe_factor` times the pod's egress cap for `probe_s` to a host in another pod, and the probe's

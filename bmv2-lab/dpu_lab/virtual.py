@@ -16,9 +16,10 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import MAX_FRAME_BYTES
 from p4sim.clock import VirtualClock
+from p4sim.firmware import LocalFirmware
 from p4sim.server import Device, add_to_server
 
-from .audit import Auditor, Probe
+from .audit import AgentView, Auditor, Probe
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
@@ -182,7 +183,7 @@ class VirtualLabRun:
             self._say(f"t={t_s:.1f} s: {ev.dpu} down for {ev.down_s:g} s, back with no pipeline")
             return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s}
         assert ev.how is not None
-        compromise(devices[ev.dpu], ev.how, ev.forge)
+        compromise(LocalFirmware(devices[ev.dpu]), ev.how, ev.forge)
         self._say(f"t={t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
         return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
 
@@ -255,12 +256,11 @@ class VirtualLabRun:
         rebalancing = [c.pod for c in sc.caps if c.rebalance]
         auditor = None
         if sc.audit is not None:
-            agents = plane.service.agents
-            pods_of = {name: agents[name].dpu.pod for name in devices}
+            view = AgentView({name: plane.service.agents[name] for name in devices})
             # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
             largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
             auditor = Auditor(
-                sc, net.router_counts, agents, pods_of, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
+                sc, net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
             )
         plan = _stops(
             sc,

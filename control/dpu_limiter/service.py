@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from . import dataplane as dp
 from . import shares
 from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
-from .reconciler import ELECTION_ID, RESYNC_S, AgentStatus, DpuAgent
+from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
 from .store import Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S
+from .units import DEFAULT_LEASE_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 

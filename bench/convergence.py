@@ -3,9 +3,11 @@
     python bench/convergence.py [--sizes 10 100 1000]
 
 N embedded targets run in one helper process (bench/targets_host.py); the control plane runs here,
-one agent per DPU, each holding its P4Runtime connection. After the first convergence (pipeline and
-entries installed; then both processes move their setup's objects out of the garbage collector's
-reach, as a long-running process would see no full collection over them), the pod's cap is changed.
+one agent per DPU, each holding its P4Runtime connection. The N DPUs are parallel devices of one
+pod, so each holds an equal share of the pod's cap: the cap goes from N x 1 to N x 2 Gbit/s. After
+the first convergence (pipeline and entries installed; then both processes move their setup's
+objects out of the garbage collector's reach, as a long-running process would see no full
+collection over them), the pod's cap is changed.
 
 What each figure includes:
 
@@ -51,6 +53,7 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import MeterParams
 
 ROOT = Path(__file__).resolve().parent.parent
+BURST_PER_DPU = 1_250_000  # each share's bucket (10 ms at 1 Gbit/s)
 SHELL_PY = ROOT / ".venv-p4rt-shell" / "bin" / "python"
 
 
@@ -62,6 +65,7 @@ def cpu_s(pid: int) -> float:
 
 async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[float, float, float, float]:
     """Seconds to first convergence, from a cap change to convergence, and both processes' CPU seconds in the latter."""
+    n = len(addresses)
     plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", rebalance_loop=False)
     await plane.start()
     try:
@@ -80,7 +84,8 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[floa
                         uplink_port=1,
                     )
                 )
-            await c.set_pod_cap("a", 1e9, 1e9, 60.0)
+            # The N DPUs are parallel devices of one pod: each holds an equal share of its cap.
+            await c.set_pod_cap("a", n * 1e9, n * 1e9, 60.0, n * BURST_PER_DPU)
             await c.wait_converged(timeout=600)
             first = time.monotonic() - t0
             gc.freeze()
@@ -88,7 +93,7 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[floa
             await asyncio.sleep(1.0)
             cpu = cpu_s(os.getpid()), cpu_s(host_pid)
             t1 = time.monotonic()
-            await c.set_pod_cap("a", 2e9, 2e9, 60.0)
+            await c.set_pod_cap("a", n * 2e9, n * 2e9, 60.0, n * BURST_PER_DPU)  # every share from 1 to 2 Gbit/s
             # The service's own wait (event-driven), not the API's status polling, to time it finely.
             assert await plane.service.wait_converged(timeout=600)
             change = time.monotonic() - t1

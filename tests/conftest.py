@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from netns_pair import NsPair, ip
 
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
@@ -52,6 +53,39 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`dpu-limiter ARGS` as a user types it (this interpreter's copy), output captured."""
     command = [sys.executable, "-m", "dpu_limiter.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def attacked_pod_caps(rate: float | str, burst_bytes: int) -> list[dict[str, object]]:
+    """Scenario caps for pod a (`rate`, 2 s window) and b far above it, so a's DPUs alone hold a's traffic."""
+    return [
+        {"pod": "a", "egress": rate, "ingress": rate, "window_s": 2, "burst_bytes": burst_bytes},
+        {"pod": "b", "egress": "1G", "ingress": "1G", "window_s": 2, "burst_bytes": 1_000_000},
+    ]
+
+
+def audited_scenario(tmp_path: Path, event: dict[str, object] | None, interval_s: float) -> Path:
+    """Pod a capped at 8 Mbit/s and offered twice that for 8 s (b's cap far above, so a's DPU alone holds
+    a's), audited every `interval_s`, with `event` (a compromise, say) if given."""
+    doc = {
+        "name": "audit",
+        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
+        "caps": attacked_pod_caps("8M", 100_000),
+        "audit": {"interval_s": interval_s},
+        "phases": [
+            {
+                "name": "p",
+                "duration_s": 8,
+                "flows": [
+                    {"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "16M"},
+                    {"name": "b-to-a", "protocol": "udp", "src": "b1", "dst": "a1", "rate": "4M"},
+                ],
+                "events": [event] if event else [],
+            }
+        ],
+    }
+    path = tmp_path / "audit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def can_netns() -> str | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import audited_scenario
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.runner import LabRun
 from dpu_lab.virtual import VirtualLabRun
@@ -20,30 +20,8 @@ AT_S = 3.0
 
 
 def scenario(tmp_path: Path, event: dict[str, object] | None) -> Path:
-    """Pod a capped at 8 Mbit/s and offered twice that; b's cap far above, so a's DPU alone holds a's."""
-    doc = {
-        "name": "audit",
-        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
-        "caps": [
-            {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": 2, "burst_bytes": 100_000},
-            {"pod": "b", "egress": "1G", "ingress": "1G", "window_s": 2, "burst_bytes": 1_000_000},
-        ],
-        "audit": {"interval_s": INTERVAL_S},
-        "phases": [
-            {
-                "name": "p",
-                "duration_s": 8,
-                "flows": [
-                    {"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "16M"},
-                    {"name": "b-to-a", "protocol": "udp", "src": "b1", "dst": "a1", "rate": "4M"},
-                ],
-                "events": [event] if event else [],
-            }
-        ],
-    }
-    path = tmp_path / "audit.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    """conftest.audited_scenario, audited every INTERVAL_S."""
+    return audited_scenario(tmp_path, event, INTERVAL_S)
 
 
 def test_a_clean_run_raises_no_alert(tmp_path: Path) -> None:
@@ -93,8 +71,9 @@ def test_compromise_and_audit_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="forge"):
         load_scenario(scenario(tmp_path, {"at_s": 1, "action": "restart-dpu", "dpu": "dpu-a", "forge": True}))
     event = {"at_s": 1, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter"}
-    with pytest.raises(ConfigError, match="virtual"):
-        LabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "real").run()
+    # In real time the lab reaches only the embedded target's firmware (test_lab_live_audit.py).
+    with pytest.raises(ConfigError, match="compromise events on bmv2"):
+        LabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "real", "bmv2").run()
 
 
 def test_a_clean_window_mode_run_raises_no_alert(tmp_path: Path) -> None:

@@ -6,12 +6,11 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, can_netns
+from conftest import ROOT, can_netns, cli
 from dpu_lab.targets import BUFFER_BYTES
 from dpu_limiter.units import MAX_FRAME_BYTES
 
@@ -22,24 +21,7 @@ SMOKE = ROOT / "bmv2-lab" / "scenarios" / "smoke.yaml"
 def run_lab(tmp_path: Path, target: str, scenario: Path = SMOKE, *options: str) -> dict:  # type: ignore[type-arg]
     """`dpu-limiter lab run` as a user types it; checks its outputs and that it left nothing behind."""
     out = tmp_path / target
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dpu_limiter.cli",
-            "lab",
-            "run",
-            str(scenario),
-            "--out",
-            str(out),
-            "--target",
-            target,
-            *options,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    res = cli("lab", "run", str(scenario), "--out", str(out), "--target", target, *options, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("report.json", "throughput.png", "summary.md"):
         assert (out / name).is_file(), name
@@ -87,15 +69,16 @@ def test_a_scenario_the_target_cannot_carry_is_refused(tmp_path: Path) -> None:
         .replace("egress: 8M, ingress: 8M", "egress: 20G, ingress: 20G")
         .replace("../topologies/", str(ROOT / "bmv2-lab/topologies") + "/")
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "dpu_limiter.cli", "lab", "run", str(too_fast), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    res = cli("lab", "run", str(too_fast), "--out", str(tmp_path / "o"), timeout=240)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "calibration" in res.stderr and "20000.0 Mbit/s" in res.stderr and "--time virtual" in res.stderr
     assert not (tmp_path / "o" / "report.json").exists()
+    # --rescale: the same scenario, every rate and burst scaled down to what the target carries.
+    report = run_lab(tmp_path, "embedded", too_fast, "--rescale")
+    cal = report["calibration"]
+    assert cal["verdict"] == "rescaled" and 0 < cal["scale"] < 1 and "scaled by" in cal["note"]
+    assert cal["capacity_bps"] >= 1.25 * 20e9 * cal["scale"]
+    assert {r["cap_bps"] for r in report["results"]} == {20e9 * cal["scale"]}
 
 
 def test_lab_smoke_embedded(tmp_path: Path) -> None:

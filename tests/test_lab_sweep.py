@@ -56,3 +56,31 @@ def test_bad_sweep_files_name_the_field(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({"name": "x", "scenario": scenario, "cap_pods": ["zz"]}))
     with pytest.raises(ConfigError, match=r"cap_pods.*zz"):
         load_sweep(bad)
+
+
+def test_routing_and_router_placement_axes_make_valid_points(tmp_path: Path) -> None:
+    from dpu_lab.sweep import grid, scenario_at
+
+    sweep = tmp_path / "r.yaml"
+    doc = {
+        "name": "r",
+        "scenario": str(ROOT / "bmv2-lab" / "scenarios" / "routing.yaml"),
+        "axes": {"placement": ["pod-uplink", "router"], "routing": ["operator", "randomised"], "attack": ["none"]},
+        "routing_period_s": 5,
+    }
+    sweep.write_text(yaml.safe_dump(doc))
+    spec, base = load_sweep(sweep)
+    points = {(p.placement, p.routing): scenario_at(base, spec, p) for p in grid(spec)}
+    assert len(points) == 4
+    rand = points[("router", "randomised")].topology
+    assert rand.routing.assign == "randomised" and rand.routing.period_s == 5
+    assert {p.placement for p in rand.pods} == {"router"}
+    op = points[("pod-uplink", "operator")].topology
+    assert op.routing == base.topology.routing  # the topology's own (operator) assignment
+    # An attack on router placement audits without conservation (router placement has no pod DPUs).
+    doc["axes"] = {"placement": ["router"], "attack": ["raise-meter"]}
+    sweep.write_text(yaml.safe_dump(doc))
+    spec, base = load_sweep(sweep)
+    sc = scenario_at(base, spec, grid(spec)[0])
+    assert sc.audit is not None and "conservation" not in sc.audit.checks
+    assert sc.phases[0].events[0].dpu == "dpu-r1"

@@ -1,5 +1,5 @@
-"""Node-level placement: a pod's cap split into node shares whose sum never exceeds the cap,
-changed shrink-before-grow, and held end to end in the lab."""
+"""Shares: a pod's cap split over its parallel devices (node DPUs, or parallel uplink DPUs) so that
+their sum never exceeds the cap, changed shrink-before-grow, and held end to end in the lab."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def _granted(devices: list[Device]) -> float:
     return rate
 
 
-async def test_shrink_before_grow_and_a_dead_node_blocks_growth(tmp_path: Path) -> None:
+@pytest.mark.parametrize("node", [True, False], ids=["node-dpus", "parallel-uplinks"])
+async def test_shrink_before_grow_and_a_dead_node_blocks_growth(tmp_path: Path, node: bool) -> None:
     served = [await serve_in_process() for _ in range(3)]
     devices = [d for d, _, _ in served]
     plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0")
@@ -66,16 +67,16 @@ async def test_shrink_before_grow_and_a_dead_node_blocks_growth(tmp_path: Path) 
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24"])
             for i, (_, _, addr) in enumerate(served[:2]):
-                await register(c, f"n{i}", addr, node=True)
+                await register(c, f"n{i}", addr, node=node)
             await c.set_pod_cap("a", cap, cap, 10.0, 300_000)
             await c.wait_converged(timeout=30)
             assert _granted(devices) == pytest.approx(cap, rel=1e-6)  # two shares of 15 Mbit/s
             # A third node joins: 15 -> 10 Mbit/s for the first two, 0 -> 10 for the new one.
-            await register(c, "n2", served[2][2], node=True)
+            await register(c, "n2", served[2][2], node=node)
             await c.wait_converged(timeout=30)
             assert _granted(devices) == pytest.approx(cap, rel=1e-6)
             # A fourth node that never answers: the others shrink to 7.5, nobody grows to 7.5.
-            await register(c, "n3", "127.0.0.1:1", node=True)
+            await register(c, "n3", "127.0.0.1:1", node=node)
             await asyncio.sleep(3)
             status = {d.name: d for d in (await c.status()).dpus}
             assert not status["n0"].converged  # the share change is still pending

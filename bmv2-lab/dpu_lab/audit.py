@@ -12,16 +12,20 @@ Every `interval_s` of simulated time (the simulation paused, so every figure is 
   (green and yellow) out of it, and bytes the router sent into a pod against the bytes its DPUs
   say reached their meters on the way in (passed or dropped by meter, window budget or lease). A
   DPU that exempts, hides or forges traffic breaks the balance.
+- **probe** (asked for in `checks`): in each interval the verifier's probe agent on a capped pod's
+  host sends more than the pod's cap for `probe_s` to a host in another pod; its receiver checks
+  that no more got through than the cap allows in that time. It needs no counter the operator's
+  devices keep or forward, and it tests the cap when the pod's own traffic stays below it.
 
 Each check raises one alert per place, the first time it fails; the time to detection of a
-compromise is from the compromise to the first alert after it. Active probes are not modelled yet.
+compromise is from the compromise to the first alert after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from dpu_limiter.reconciler import DpuAgent
 from dpu_limiter.units import MAX_FRAME_BYTES
@@ -46,20 +50,95 @@ class Alert:
 
 
 @dataclass
+class Probe:
+    """One pod's probe: the bytes its receiver counts on the probe's port, and what the cap allows."""
+
+    pod: str
+    received: dict[int, int]  # the probe receiver's bytes by destination port
+    port: int
+    offered_bytes: int  # per burst
+    allowance_bytes: int  # per burst (with slack for the last frame or segment in flight)
+    last: int = 0
+
+
+class DeviceView(Protocol):
+    """How the audit reaches the DPUs: through the control plane's agents, or its API."""
+
+    async def read_back(self) -> list[tuple[str, str]]:
+        """Read every DPU back against desired state; (DPU, what differed) for each new finding, corrected."""
+
+    async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
+        """Per DPU (or per pod, as the API sums them): its pod and (bytes passed out, bytes metered in),
+        None where they cannot be read now."""
+
+
+@dataclass
+class AgentView:
+    """The control plane's own agents, in process (virtual time): read-back includes the pipeline's hash."""
+
+    agents: dict[str, DpuAgent]
+    _drift: dict[str, int] = field(default_factory=dict)
+
+    async def read_back(self) -> list[tuple[str, str]]:
+        """Hash each DPU's pipeline and read its entries and meters back; reinstall or correct."""
+        found = []
+        for name, agent in self.agents.items():
+            if not agent.status.connected:
+                continue  # down or restarting: nothing to read back now (the control plane reprograms it)
+            held = await agent.pipeline_digest()
+            if held != agent.expected_digest():
+                found.append((name, f"runs another pipeline (sha256 {held[:16]}...); reinstalled"))
+                await agent.reinstall_pipeline()
+            before = self._drift.get(name, agent.status.drift_corrections)
+            await agent.wait_applied(agent.poke(), READ_BACK_TIMEOUT_S)
+            self._drift[name] = agent.status.drift_corrections
+            if agent.status.drift_corrections > before:
+                # The reconciler's message starts with a wall-clock stamp; the alert has the run's time.
+                found.append((name, agent.status.last_drift.partition(": ")[2]))
+        return found
+
+    async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
+        """Each DPU's counters, read over P4Runtime by its agent."""
+        out: dict[str, tuple[str, tuple[int, int] | None]] = {}
+        for name, agent in self.agents.items():
+            try:
+                out[name] = (agent.dpu.pod, passed_and_metered(await agent.read_usage()))
+            except Exception:  # a DPU down or restarting: its pod's balance cannot be drawn this time
+                out[name] = (agent.dpu.pod, None)
+        return out
+
+
+def passed_and_metered(usage: dict[str, dict[str, tuple[int, int]]]) -> tuple[int, int]:
+    """Bytes passed out (green, yellow) and bytes that reached the meter stage on the way in (passed,
+    or dropped by the meter, the window budget or for want of a lease)."""
+    egress, ingress = usage["egress"], usage["ingress"]
+    out = egress["green"][1] + egress["yellow"][1]
+    into = sum(ingress[c][1] for c in ("green", "yellow", "red", "window", "lease"))
+    return out, into
+
+
+@dataclass
 class Auditor:
     """Runs the checks at each tick; keeps the alerts."""
 
     scenario: Scenario
     router: dict[tuple[str, str], Timeline]  # (pod, direction) -> bytes the router counted
-    agents: dict[str, DpuAgent]
-    pods_of: dict[str, str]  # DPU name -> its pod
+    view: DeviceView
     slack_bytes: int = 4 * MAX_FRAME_BYTES  # frames that may be between a DPU and the router at a tick
+    slack_ratio: float = 0.001  # and this share of what the router counted (counters read apart in time)
+    count_slack_s: float = 0.0  # how much longer a window of the router's own bins may be (sampled bins)
     checks: Sequence[AuditCheck] = CHECKS
+    probes: list[Probe] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     _flagged: set[tuple[AuditCheck, str]] = field(default_factory=set)
-    _drift: dict[str, int] = field(default_factory=dict)
-    _dpu_last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's last (out, in) bytes
-    _balance: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # (router, DPUs) at the last tick
+    _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's (or pod's) last (out, in) bytes
+    # The last tick's router totals before and after reading the DPUs, and what the DPUs said.
+    _balance: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
+    resample: Callable[[], None] | None = None  # reads the router's counters again now (real time)
+    # Conservation alerts after this many intervals in a row out of balance: in real time a software
+    # DPU's input queue can hold what the router already sent for a moment (it catches up next time).
+    persist: int = 1
+    _streak: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
         if (check, where) not in self._flagged:
@@ -74,21 +153,25 @@ class Auditor:
             self._router_count(t_s)
         if "conservation" in self.checks:
             await self._conservation(t_s)
+        if "probe" in self.checks:
+            self._probe(t_s)
+
+    def _probe(self, t_s: float) -> None:
+        # Each interval's burst ends before the tick, so what arrived since the last tick is one burst.
+        for p in self.probes:
+            now = p.received.get(p.port, 0)
+            got, p.last = now - p.last, now
+            if got > p.allowance_bytes:
+                self._alert(
+                    t_s,
+                    "probe",
+                    f"{p.pod} egress",
+                    f"a probe offered {p.offered_bytes} bytes, {got} got through, the cap allows {p.allowance_bytes}",
+                )
 
     async def _read_back(self, t_s: float) -> None:
-        for name, agent in self.agents.items():
-            if not agent.status.connected:
-                continue  # down or restarting: nothing to read back now (the control plane reprograms it)
-            held = await agent.pipeline_digest()
-            if held != agent.expected_digest():
-                self._alert(t_s, "read-back", name, f"runs another pipeline (sha256 {held[:16]}...); reinstalled")
-                await agent.reinstall_pipeline()
-            before = self._drift.get(name, agent.status.drift_corrections)
-            await agent.wait_applied(agent.poke(), READ_BACK_TIMEOUT_S)
-            self._drift[name] = agent.status.drift_corrections
-            if agent.status.drift_corrections > before:
-                # The reconciler's message starts with a wall-clock stamp; the alert has simulated time.
-                self._alert(t_s, "read-back", name, agent.status.last_drift.partition(": ")[2])
+        for name, detail in await self.view.read_back():
+            self._alert(t_s, "read-back", name, detail)
 
     def _router_count(self, t_s: float) -> None:
         # Egress only: what the router sees heading into a pod has not crossed that pod's DPU yet, and
@@ -99,7 +182,7 @@ class Auditor:
                 if tl is None or not tl.bins:
                     continue
                 most = measure.max_window_bytes(tl.t0(0.0), tl.bin_s, tl.bins, cap.window_s)
-                allowed = allowance_bytes(cap, rate)
+                allowed = allowance_bytes(cap, rate) + int(rate * self.count_slack_s / 8)
                 if most > allowed:
                     self._alert(
                         t_s,
@@ -108,40 +191,46 @@ class Auditor:
                         f"the router counted {most} bytes in {cap.window_s:g} s, allowed {allowed}",
                     )
 
+    def _router_totals(self) -> dict[tuple[str, str], int]:
+        return {key: sum(tl.bins) for key, tl in self.router.items()}
+
     async def _conservation(self, t_s: float) -> None:
         # Balances are drawn over each interval (since the last tick), so a DPU that restarts and
-        # starts counting from zero again only costs that pod one interval's check.
+        # starts counting from zero again only costs that pod one interval's check. The DPUs' counters
+        # are read at some moment between two readings of the router's (`resample`, in real time), so
+        # what they say must lie between what the router counted over the shortest and the longest
+        # interval those allow.
+        before = self._router_totals()
         reported: dict[tuple[str, str], int] = {}
         unsure: set[str] = set()
-        for name, agent in self.agents.items():
-            pod = self.pods_of[name]
-            try:
-                usage = await agent.read_usage()
-            except Exception:  # a DPU down or restarting: its pod's balance cannot be drawn this time
+        for name, (pod, read) in (await self.view.counters()).items():
+            if read is None:
                 unsure.add(pod)
                 continue
-            egress, ingress = usage["egress"], usage["ingress"]
-            out = egress["green"][1] + egress["yellow"][1]
-            # Everything that reached the meter stage on the way in: passed, or dropped by the meter,
-            # the window budget or for want of a lease.
-            into = sum(ingress[c][1] for c in ("green", "yellow", "red", "window", "lease"))
-            last_out, last_in = self._dpu_last.get(name, (0, 0))
+            out, into = read
+            last_out, last_in = self._last.get(name, (0, 0))
             if out < last_out or into < last_in:
                 unsure.add(pod)  # its counters went back: it restarted
-            self._dpu_last[name] = (out, into)
+            self._last[name] = (out, into)
             reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
             reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
+        if self.resample is not None:
+            self.resample()
+        after = self._router_totals()
         for cap in self.scenario.caps:
             for direction, _ in directions(cap.egress, cap.ingress):
                 key = (cap.pod, direction)
-                tl = self.router.get(key)
-                now = (sum(tl.bins) if tl is not None else 0, reported.get(key, 0))
-                last = self._balance.get(key, (0, 0))
+                now = (before.get(key, 0), after.get(key, 0), reported.get(key, 0))
+                last = self._balance.get(key, (0, 0, 0))
                 self._balance[key] = now
                 if cap.pod in unsure:
                     continue
-                counted, said = now[0] - last[0], now[1] - last[1]
-                if abs(counted - said) > self.slack_bytes + counted // 1000:
+                least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
+                slack = self.slack_bytes + int(most * self.slack_ratio)
+                off = said < least - slack or said > most + slack
+                self._streak[key] = self._streak.get(key, 0) + 1 if off else 0
+                if self._streak[key] >= self.persist:
+                    counted = f"{least}" if least == most else f"between {least} and {most}"
                     verb = "passed out of" if direction == "egress" else "metered into"
                     self._alert(
                         t_s,
@@ -151,18 +240,26 @@ class Auditor:
                         f"{verb} it {said}",
                     )
 
-    def summary(self, interval_s: float, compromises: list[dict[str, Any]]) -> dict[str, Any]:
-        """The report's `audit` section: alerts, and whether and how fast each compromise was caught."""
+    def summary(
+        self, interval_s: float, compromises: list[dict[str, Any]], violations: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """The report's `audit` section: alerts, and whether and how fast each compromise was caught.
+
+        An alert is a detection when it follows a compromise, or when it is about a pod and direction
+        whose cap the receivers saw broken (`violations`, "POD DIRECTION": e.g. a bypass or an
+        operator's routing, with no compromise at all); any other alert is a false alarm.
+        """
         first = min((c["t_s"] for c in compromises), default=None)
-        before = [a for a in self.alerts if first is None or a.t_s < first]
-        after = [a for a in self.alerts if first is not None and a.t_s >= first]
+        true = [a for a in self.alerts if (first is not None and a.t_s >= first) or a.where in violations]
+        false = [a for a in self.alerts if a not in true]
+        after = [a for a in true if first is not None and a.t_s >= first]
         return {
             "interval_s": interval_s,
             "checks": list(self.checks),
             "alerts": [a.__dict__ for a in self.alerts],
             "compromises": compromises,
-            "false_alarms": len(before),
-            "detected": bool(after),
+            "false_alarms": len(false),
+            "detected": bool(true),
             "time_to_detection_s": round(after[0].t_s - first, 6) if after and first is not None else None,
-            "detected_by": sorted({a.check for a in after}),
+            "detected_by": sorted({a.check for a in true}),
         }

@@ -7,19 +7,22 @@ flow offered at twice the rate the scenario needs. What the receiver gets is the
 
 The scenario needs, through any one limiter direction at once, the larger of the highest cap it
 sets and the UDP load it offers. A capacity below 1.25 x the highest cap refuses the run (the cap
-would not be what limits); a capacity below the offered load is recorded as a warning (loss figures
-then include the target's own drops, the cap still binds).
+would not be what limits), or with `rescale` runs the scenario with every rate and burst scaled
+down by the same factor until it fits, saying so (the report's caps and rates are then the scaled
+ones: a result about the same cap-to-load ratios, at a smaller scale); a capacity below the offered
+load is recorded as a warning (loss figures then include the target's own drops, the cap still binds).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rich.console import Console
 
@@ -47,8 +50,9 @@ class Calibration:
     capacity_bps: float
     needed_bps: float
     highest_cap_bps: float
-    verdict: Literal["ok", "warning"]
+    verdict: Literal["ok", "warning", "rescaled"]
     note: str
+    scale: float = 1.0  # every rate and burst of the scenario was multiplied by this
 
     def as_dict(self) -> dict[str, object]:
         """report.json's `calibration` section."""
@@ -123,8 +127,30 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def calibrate(sc: Scenario, kind: TargetKind, traffic: str, out_dir: Path, console: Console) -> Calibration:
-    """Measure the capacity the scenario needs; raise CalibrationError when the cap would not be what limits."""
+def scaled(sc: Scenario, k: float) -> Scenario:
+    """The scenario with every cap rate, burst, UDP rate and set-cap rate multiplied by `k` (< 1)."""
+
+    def rates(m: Any, *names: str) -> Any:
+        return m.model_copy(update={n: getattr(m, n) * k for n in names if getattr(m, n) is not None})
+
+    caps = [rates(c, "egress", "ingress").model_copy(update={"burst_bytes": int(c.burst_bytes * k)}) for c in sc.caps]
+    phases = [
+        ph.model_copy(
+            update={
+                "flows": [rates(f, "rate") for f in ph.flows],
+                "events": [rates(e, "egress", "ingress") for e in ph.events],
+            }
+        )
+        for ph in sc.phases
+    ]
+    return sc.model_copy(update={"caps": caps, "phases": phases, "name": f"{sc.name} (rates x {k:.3g})"})
+
+
+def calibrate(
+    sc: Scenario, kind: TargetKind, traffic: str, out_dir: Path, console: Console, rescale: bool = False
+) -> Calibration:
+    """Measure the capacity the scenario needs; raise CalibrationError when the cap would not be what limits
+    (with `rescale`, return the factor that makes it fit instead: verdict "rescaled", `scale`)."""
     from .runner import LabRun  # the calibration is a lab run of its own
 
     highest_cap, load = needed(sc)
@@ -143,12 +169,22 @@ def calibrate(sc: Scenario, kind: TargetKind, traffic: str, out_dir: Path, conso
         highest_cap_bps=highest_cap,
     )
     mbit = 1e6
+    if capacity < MARGIN * highest_cap and rescale:
+        # Three significant digits, rounded down: a factor a reader can apply by hand.
+        k = capacity / (MARGIN * max(highest_cap, load))
+        k = math.floor(k * 10 ** (2 - math.floor(math.log10(k)))) / 10 ** (2 - math.floor(math.log10(k)))
+        note = (
+            f"the target carries {capacity / mbit:.1f} Mbit/s, less than {MARGIN:g} x the highest cap of "
+            f"{highest_cap / mbit:.1f} Mbit/s: every rate and burst scaled by {k:.3g} to fit"
+        )
+        console.print(f"[bold cyan]lab[/] [yellow]calibration: rescaled:[/] {note}")
+        return Calibration(**base, verdict="rescaled", note=note, scale=k)  # type: ignore[arg-type]
     if capacity < MARGIN * highest_cap:
         raise CalibrationError(
             f"the {kind} target carries at most {capacity / mbit:.1f} Mbit/s here (calibrated, {CAL_SECONDS:g} s "
             f"at {offered / mbit:.1f} Mbit/s offered), less than {MARGIN:g} x the scenario's highest cap of "
             f"{highest_cap / mbit:.1f} Mbit/s: the switch, not the cap, would limit. Lower the scenario's rates "
-            "and caps, or run it with --time virtual"
+            "and caps, let the lab scale them (--rescale), or run it with --time virtual"
         )
     if capacity < load:
         note = (

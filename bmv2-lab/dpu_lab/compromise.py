@@ -1,6 +1,7 @@
-"""What a compromised DPU does to itself: the scenario event `compromise` (virtual time only).
+"""What a compromised DPU does to itself: the scenario event `compromise`.
 
-Compromised firmware needs no P4Runtime arbitration: it changes its own pipeline's state directly.
+Compromised firmware needs no P4Runtime arbitration: it changes its own pipeline's state directly
+(p4sim.firmware: in process in virtual time, through the target's firmware socket in real time).
 Each way below defeats limiter.p4 differently:
 
 - ``raise-meter``: both meter cells set far above any link's rate.
@@ -24,8 +25,7 @@ from finsy.proto import p4r
 from google.protobuf import text_format
 
 from dpu_limiter import dataplane as dp
-from p4sim.runtime import Pipeline
-from p4sim.server import Device
+from p4sim.firmware import Firmware
 
 from .config import CompromiseHow
 
@@ -36,33 +36,17 @@ _OPEN = p4r.MeterConfig(
 )
 
 
-def compromise(device: Device, how: CompromiseHow, forge: bool = False) -> None:
-    """Tamper with `device` as compromised firmware would (see the module docstring)."""
-    with device.lock:
-        honest = device.pipeline
-        if honest is None:
-            raise ValueError(f"device {device.device_id} has no pipeline to tamper with")
-        if how == "load-pipeline":
-            other = device.build_pipeline(_passthrough_config())
-            if forge:
-                device.data_plane = other
-            else:
-                device.pipeline = other
-            return
-        target = _clone(device, honest) if forge else honest
-        for update in _tampering(target, how):
-            target.write(update)
-        if forge:
-            device.data_plane = target
+def compromise(fw: Firmware, how: CompromiseHow, forge: bool = False) -> None:
+    """Tamper with a device through its firmware (in process or a p4sim's socket) as `how` says."""
+    if how == "load-pipeline":
+        fw.load(_passthrough_config(), forge)
+    else:
+        fw.write(_tampering(fw, how), forge)
 
 
-def _ids(pipeline: Pipeline) -> dict[str, int]:
-    info = pipeline.p4info
-    return {o.preamble.name: o.preamble.id for o in [*info.tables, *info.meters, *info.registers]}
-
-
-def _tampering(pipeline: Pipeline, how: CompromiseHow) -> list[p4r.Update]:
-    ids = _ids(pipeline)
+def _tampering(fw: Firmware, how: CompromiseHow) -> list[p4r.Update]:
+    info = fw.p4info()
+    ids = {o.preamble.name: o.preamble.id for o in [*info.tables, *info.meters, *info.registers]}
     modify, insert, delete = p4r.Update.MODIFY, p4r.Update.INSERT, p4r.Update.DELETE
     meter = ids[dp.METER]
     cells = sorted(dp.CELLS.values())
@@ -81,16 +65,14 @@ def _tampering(pipeline: Pipeline, how: CompromiseHow) -> list[p4r.Update]:
             )
             for c in cells
         ]
-        windows = pipeline.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=ids[dp.TABLE_WINDOW])))
+        windows = fw.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=ids[dp.TABLE_WINDOW])))
         return [*resets, *(p4r.Update(type=delete, entity=e) for e in windows)]
     out = []
     for table in (dp.TABLE_SRC_IN_POD, dp.TABLE_DST_IN_POD):
         tid = ids[table]
-        info = next(t for t in pipeline.p4info.tables if t.preamble.id == tid)
+        t = next(t for t in info.tables if t.preamble.id == tid)
         # No match field: P4Runtime's 0.0.0.0/0, every address.
-        entry = p4r.TableEntry(
-            table_id=tid, action=p4r.TableAction(action=p4r.Action(action_id=info.action_refs[0].id))
-        )
+        entry = p4r.TableEntry(table_id=tid, action=p4r.TableAction(action=p4r.Action(action_id=t.action_refs[0].id)))
         out.append(p4r.Update(type=insert, entity=p4r.Entity(table_entry=entry)))
     return out
 
@@ -100,25 +82,3 @@ def _passthrough_config() -> p4r.ForwardingPipelineConfig:
     text_format.Parse(PASSTHROUGH.with_suffix(".p4info.txtpb").read_text(), config.p4info)
     config.cookie.cookie = 0x5EC0DE
     return config
-
-
-def _clone(device: Device, honest: Pipeline) -> Pipeline:
-    """A second pipeline of the same program holding the same entries, meters and registers."""
-    config = p4r.ForwardingPipelineConfig(p4info=honest.p4info, p4_device_config=honest.device_config)
-    config.cookie.cookie = honest.cookie
-    copy = device.build_pipeline(config)
-    for entity in honest.read(p4r.Entity(table_entry=p4r.TableEntry())):
-        copy.write(p4r.Update(type=p4r.Update.INSERT, entity=entity))
-    for t in honest.p4info.tables:  # default actions (the lease among them): a wildcard read leaves them out
-        default = p4r.TableEntry(table_id=t.preamble.id, is_default_action=True)
-        for entity in honest.read(p4r.Entity(table_entry=default)):
-            if not t.const_default_action_id:
-                copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
-    for m in honest.p4info.meters:
-        for entity in honest.read(p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=m.preamble.id))):
-            if entity.meter_entry.HasField("config"):
-                copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
-    for r in honest.p4info.registers:
-        for entity in honest.read(p4r.Entity(register_entry=p4r.RegisterEntry(register_id=r.preamble.id))):
-            copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
-    return copy

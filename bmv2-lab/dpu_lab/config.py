@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpu_limiter.models import NAME_RE
-from dpu_limiter.units import UnitError, parse_rate
+from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
 from .workloads import WorkloadSpec, expand
@@ -35,9 +36,14 @@ class PodSpec(_Model):
     name: str
     subnet: str
     hosts: list[str] = Field(min_length=1, max_length=200)
-    # pod-uplink: one limiter on the pod's uplink (Lucid); node: one per host, between it and the pod's
-    # switch (Amodo), each enforcing an equal share of the pod's cap.
-    placement: Literal["pod-uplink", "node"] = "pod-uplink"
+    # pod-uplink: a limiter on the pod's uplink (Lucid); node: one per host, between it and the pod's
+    # switch (Amodo), each enforcing an equal share of the pod's cap; router (virtual time): one
+    # limiter per router, where it meets the spine, holding the caps of the pods behind it as one
+    # cell (traffic between pods of one cell never reaches it). Router placement is all pods' or none.
+    placement: Literal["pod-uplink", "node", "router"] = "pod-uplink"
+    # pod-uplink: parallel uplinks (virtual time), each with its limiter enforcing an equal share of the
+    # cap; the pod's switch and the router spread flows over them by a hash of the flow (ECMP).
+    uplinks: int = Field(default=1, ge=1, le=16)
 
     _check_name = field_validator("name")(_name)
 
@@ -64,6 +70,23 @@ class PodSpec(_Model):
         net = ipaddress.IPv4Network(self.subnet)
         return str(net.broadcast_address - 1)
 
+    def limiters(self) -> list[str]:
+        """Names of the pod's limiters: dpu-POD (dpu-POD-K of K parallel uplinks), or dpu-HOST per node
+        (with router placement the limiters are the routers', Topology.limiters)."""
+        if self.placement == "router":
+            return []
+        if self.placement == "node":
+            return [f"dpu-{h}" for h in self.hosts]
+        if self.uplinks == 1:
+            return [f"dpu-{self.name}"]
+        return [f"dpu-{self.name}-{k}" for k in range(1, self.uplinks + 1)]
+
+    @model_validator(mode="after")
+    def _uplinks(self) -> PodSpec:
+        if self.uplinks > 1 and self.placement != "pod-uplink":
+            raise ValueError(f"uplinks: {self.uplinks} parallel uplinks need placement pod-uplink")
+        return self
+
     def host_address(self, index: int) -> str:
         """Address of the pod's `index`-th host (first usable addresses)."""
         net = ipaddress.IPv4Network(self.subnet)
@@ -87,13 +110,40 @@ class ScaleUpLink(_Model):
             raise ValueError(str(exc)) from None
 
 
+class RoutingSpec(_Model):
+    """Which router each pod's uplink lands on (virtual time, with more than one router).
+
+    operator: as `pods` says (pods it leaves out: the first router), fixed for the run; the operator
+    chooses, so it can put the pods of one job behind one router. randomised: the verifier deals
+    the pods over the routers at random (as evenly as they go) at the start and again every
+    `period_s`, from `seed`.
+    """
+
+    assign: Literal["operator", "randomised"] = "operator"
+    pods: dict[str, str] = Field(default_factory=dict)
+    period_s: float | None = Field(default=None, gt=0, le=86_400)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _fields(self) -> RoutingSpec:
+        if self.assign == "operator" and self.period_s is not None:
+            raise ValueError("period_s: only a randomised assignment is redrawn")
+        if self.assign == "randomised" and self.pods:
+            raise ValueError("pods: a randomised assignment is the verifier's to draw; remove pods")
+        return self
+
+
 class Topology(_Model):
-    """Pods behind limiting devices, joined by one router (and, to model a bypass, scale-up links)."""
+    """Pods behind limiting devices, joined by routers (more than one: through a spine), and, to model
+    a bypass, scale-up links."""
 
     name: str
     pods: list[PodSpec] = Field(min_length=1, max_length=16)
-    router: str = "r1"
+    routers: list[str] = Field(default_factory=lambda: ["r1"], min_length=1, max_length=16)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
     scaleup_links: list[ScaleUpLink] = Field(default_factory=list, max_length=64)
+
+    _check_routers = field_validator("routers")(lambda v: [_name(r) for r in v])
 
     @model_validator(mode="after")
     def _unique(self) -> Topology:
@@ -103,6 +153,26 @@ class Topology(_Model):
         hosts = [h for p in self.pods for h in p.hosts]
         if len(set(hosts)) != len(hosts):
             raise ValueError("host names must be unique across pods")
+        if len(set(self.routers)) != len(self.routers) or set(self.routers) & set(names):
+            raise ValueError(f"router names must be unique and differ from pod names: {self.routers}")
+        if len({p.placement == "router" for p in self.pods}) > 1:
+            raise ValueError("placement: router placement is every pod's or none's")
+        if self.pods[0].placement == "router":
+            # Every router's cell needs a pod in every period (a control-plane pod needs a prefix).
+            if len(self.pods) < len(self.routers):
+                raise ValueError(f"routers: {len(self.routers)} routers, but router placement needs a pod for each")
+            if self.routing.assign == "operator":
+                empty = sorted(set(self.routers) - set(self.assignment(0).values()))
+                if empty:
+                    raise ValueError(f"routing.pods: routers {empty} get no pod; router placement needs one each")
+        for pod, router in self.routing.pods.items():
+            if pod not in names:
+                raise ValueError(f"routing.pods: unknown pod {pod!r}")
+            if router not in self.routers:
+                raise ValueError(f"routing.pods.{pod}: unknown router {router!r} (routers: {self.routers})")
+        limiters = self.limiters()
+        if len(set(limiters)) != len(limiters):
+            raise ValueError(f"limiter names clash (a host named like a pod's uplink?): {sorted(limiters)}")
         nets = [ipaddress.IPv4Network(p.subnet) for p in self.pods]
         for i, a in enumerate(nets):
             for b in nets[i + 1 :]:
@@ -115,6 +185,20 @@ class Topology(_Model):
             if link.a == link.b:
                 raise ValueError(f"scaleup_links[{i}]: a link needs two different hosts")
         return self
+
+    def limiters(self) -> list[str]:
+        """Names of every limiter: the pods' (PodSpec.limiters), or dpu-ROUTER per router (router placement)."""
+        if self.pods[0].placement == "router":
+            return [f"dpu-{r}" for r in self.routers]
+        return [n for p in self.pods for n in p.limiters()]
+
+    def assignment(self, draw: int) -> dict[str, str]:
+        """Each pod's router in the `draw`-th period of the run (operator routing: always the same)."""
+        if self.routing.assign == "operator":
+            return {p.name: self.routing.pods.get(p.name, self.routers[0]) for p in self.pods}
+        pods = [p.name for p in self.pods]
+        random.Random(f"{self.routing.seed}/{draw}").shuffle(pods)
+        return {pod: self.routers[i % len(self.routers)] for i, pod in enumerate(pods)}
 
     def scaleup_peer(self, host: str) -> dict[str, int]:
         """Hosts joined to `host` by a scale-up link: {peer: link index}."""
@@ -167,6 +251,12 @@ class CapSpec(_Model):
 
     _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
 
+    def bucket_bytes(self) -> int:
+        """The bucket allowed on top of the rate: its burst (or the default); none in window mode."""
+        if self.mode == "window":
+            return 0  # window mode is exact: the allowance is the budget itself
+        return self.burst_bytes or default_burst_bytes(max(self.egress, self.ingress))
+
 
 class FlowSpec(_Model):
     """One traffic flow between two hosts."""
@@ -180,6 +270,9 @@ class FlowSpec(_Model):
     # Evasion (virtual time): the datagrams' shape (frames.py) and a forged IPv4 source address.
     encap: Literal["none", "vlan", "ipv6", "gre", "vxlan", "fragment"] = "none"
     spoof_src: str | None = None
+    # Virtual time: the sender picked its ports so that its pod's ECMP puts the flow on this uplink
+    # (1-based), as an attacker who knows a compromised uplink would; otherwise the hash decides.
+    uplink: int | None = Field(default=None, ge=1, le=16)
 
     @field_validator("spoof_src")
     @classmethod
@@ -210,7 +303,7 @@ class EventSpec(_Model):
     """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
 
     restart-dpu: the DPU's target dies and comes back empty after `down_s`.
-    compromise (virtual time): the DPU's own firmware tampers with it as `how` says, and with
+    compromise: the DPU's own firmware tampers with it as `how` says (real time: embedded target only), and with
     `forge` also lies to the controller (compromise.py).
     set-cap: the pod's cap changes to `egress`/`ingress` (its window and burst kept), through the
     control plane's API, as an operator's policy change would.
@@ -244,14 +337,29 @@ class EventSpec(_Model):
         return self
 
 
-AuditCheck = Literal["read-back", "router-count", "conservation"]
+AuditCheck = Literal["read-back", "router-count", "conservation", "probe"]
+# Probes send traffic of their own (part of the pod's cap): a scenario asks for them.
+DEFAULT_CHECKS: list[AuditCheck] = ["read-back", "router-count", "conservation"]
 
 
 class AuditSpec(_Model):
-    """The verifier's audit beside the control plane (virtual time): which checks, how often."""
+    """The verifier's audit beside the control plane (live_audit.py in real time): which checks, how often.
+
+    probe: every interval, the verifier's probe agent on each capped pod's first host sends
+    `probe_factor` times the pod's egress cap for `probe_s` to a host in another pod, and the probe's
+    receiver checks that no more arrived than the cap allows in that time.
+    """
 
     interval_s: float = Field(default=1.0, gt=0, le=3600)
-    checks: list[AuditCheck] = Field(default_factory=lambda: list(get_args(AuditCheck)), min_length=1)
+    checks: list[AuditCheck] = Field(default_factory=lambda: list(DEFAULT_CHECKS), min_length=1)
+    probe_s: float = Field(default=0.5, gt=0, le=3600)
+    probe_factor: float = Field(default=2.0, gt=1, le=1000)
+
+    @model_validator(mode="after")
+    def _probe_fits(self) -> AuditSpec:
+        if "probe" in self.checks and self.probe_s >= self.interval_s:
+            raise ValueError(f"probe_s: {self.probe_s} must be shorter than interval_s ({self.interval_s})")
+        return self
 
 
 class PhaseSpec(_Model):
@@ -281,14 +389,25 @@ class Scenario(_Model):
 
     @model_validator(mode="after")
     def _refs(self) -> Scenario:
+        if self.audit is not None and "probe" in self.audit.checks:
+            if len(self.topology.pods) < 2:
+                raise ValueError("audit.checks: a probe needs a second pod to send to")
+            for c in self.caps:
+                need = probe_seconds_needed(c, self.peak_rates(c.pod)[0], self.audit.probe_factor)
+                if self.audit.probe_s <= need:
+                    raise ValueError(
+                        f"audit.probe_s: {self.audit.probe_s} s at {self.audit.probe_factor:g}x pod {c.pod}'s cap "
+                        f"cannot offer more than the cap allows in that time; needs more than {need:.3g} s"
+                    )
+        if self.topology.pods[0].placement == "router":
+            self._router_placement()
         pods = {p.name for p in self.topology.pods}
         hosts = {h for p in self.topology.pods for h in p.hosts}
         for i, c in enumerate(self.caps):
             if c.pod not in pods:
                 raise ValueError(f"caps[{i}].pod: unknown pod {c.pod!r} (pods: {sorted(pods)})")
         names = set()
-        limiters = {f"dpu-{p.name}" for p in self.topology.pods if p.placement == "pod-uplink"}
-        limiters |= {f"dpu-{h}" for p in self.topology.pods if p.placement == "node" for h in p.hosts}
+        limiters = set(self.topology.limiters())
         for pi, ph in enumerate(self.phases):
             for ei, ev in enumerate(ph.events):
                 if ev.action == "set-cap":
@@ -307,10 +426,29 @@ class Scenario(_Model):
                 for end in ("src", "dst"):
                     if getattr(f, end) not in hosts:
                         raise ValueError(f"phases[{pi}].flows[{fi}].{end}: unknown host {getattr(f, end)!r}")
+                if f.uplink is not None and f.uplink > self.topology.pod_of_host(f.src).uplinks:
+                    pod = self.topology.pod_of_host(f.src)
+                    raise ValueError(
+                        f"phases[{pi}].flows[{fi}].uplink: {f.uplink}, but pod {pod.name!r} has {pod.uplinks} uplink(s)"
+                    )
                 if f.name in names:
                     raise ValueError(f"phases[{pi}].flows[{fi}].name: duplicate flow name {f.name!r}")
                 names.add(f.name)
         return self
+
+    def _router_placement(self) -> None:
+        """A router's limiter holds its cell's pods as one (routing.py): their caps must add up."""
+        caps = {c.pod: c for c in self.caps}
+        missing = [p.name for p in self.topology.pods if p.name not in caps]
+        if missing:
+            raise ValueError(f"caps: router placement caps every pod; {missing} have no cap")
+        kinds = {(c.window_s, c.mode) for c in self.caps}
+        if len(kinds) > 1 or any(c.rebalance for c in self.caps):
+            raise ValueError("caps: router placement needs the same window_s and mode in every cap, and no rebalance")
+        if any(e.action == "set-cap" for ph in self.phases for e in ph.events):
+            raise ValueError("events: set-cap is not modelled with router placement")
+        if self.audit is not None and "conservation" in self.audit.checks:
+            raise ValueError("audit.checks: conservation is drawn per pod's DPUs; router placement has none of its own")
 
     def cap_of(self, pod: str) -> CapSpec | None:
         """The cap set on `pod`, if any."""
@@ -325,6 +463,26 @@ class Scenario(_Model):
             max([cap.egress, *(float(e.egress or 0) for e in changes)]),
             max([cap.ingress, *(float(e.ingress or 0) for e in changes)]),
         )
+
+
+def probe_allowance_bytes(cap: CapSpec, rate: float, seconds: float) -> int:
+    """Most bytes a pod may pass at `rate` in `seconds` (at most its window): rate x time + bucket +
+    one frame in rate mode, the whole window budget in window mode."""
+    if cap.mode == "window":
+        return allowed_window_bytes(rate, cap.window_s, 0)
+    return allowed_window_bytes(rate, seconds, cap.bucket_bytes())
+
+
+def probe_seconds_needed(cap: CapSpec, rate: float, factor: float) -> float:
+    """The shortest probe at `factor` x `rate` that offers more than the cap allows in its time."""
+    lo, hi = 0.0, 3600.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if factor * rate * mid / 8 > probe_allowance_bytes(cap, rate, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _format_error(path: Path, exc: ValidationError) -> str:

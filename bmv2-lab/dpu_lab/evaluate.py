@@ -12,17 +12,19 @@ import numpy as np
 
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.units import allowed_window_bytes, default_burst_bytes
+from dpu_limiter.units import allowed_window_bytes
 
 from . import measure
 from .capture import Capture
 from .config import CapSpec, EventSpec, Scenario
 from .report import Direction, Flow, Phase, Report, Result
+from .routing import apply_pods, control_pods
 
 PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 
 
-ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE}
+# A router's limiter is its cell's uplink.
+ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE, "router": pb.DPU_ROLE_POD_UPLINK}
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ class LabDpu:
 
 async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> None:
     """Declare pods, register each limiter, set caps, wait until every DPU holds them."""
-    for pod in sc.topology.pods:
-        await client.apply_pod(pod.name, [pod.subnet])
+    pods = control_pods(sc, sc.topology.assignment(0))
+    for p in pods:
+        await client.apply_pod(p.name, p.prefixes)
     for d in dpus:
         await client.register_dpu(
             pb.Dpu(
@@ -54,10 +57,7 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
                 buffer_bytes=d.buffer_bytes,
             )
         )
-    for cap in sc.caps:
-        await client.set_pod_cap(
-            cap.pod, cap.egress, cap.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode
-        )
+    await apply_pods(client, pods)
     await client.wait_converged(timeout=60)
 
 
@@ -88,16 +88,9 @@ def directions(egress: float, ingress: float) -> list[tuple[Direction, float]]:
     return [("egress", egress), ("ingress", ingress)]
 
 
-def cap_burst(cap: CapSpec) -> int:
-    """The bucket a cap allows on top of its rate: its burst (or the default); none in window mode."""
-    if cap.mode == "window":
-        return 0  # window mode is exact: the allowance is the budget itself
-    return cap.burst_bytes or default_burst_bytes(max(cap.egress, cap.ingress))
-
-
 def allowance_bytes(cap: CapSpec, rate: float) -> int:
     """Most bytes allowed in any window of the cap's length in one direction (report.json's rule)."""
-    return allowed_window_bytes(rate, cap.window_s, cap_burst(cap))
+    return allowed_window_bytes(rate, cap.window_s, cap.bucket_bytes())
 
 
 def evaluate(
@@ -141,7 +134,7 @@ def evaluate(
                 t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
             mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
             total = int(np.sum(bins)) if len(bins) else 0
-            burst = cap_burst(cap)
+            burst = cap.bucket_bytes()
             results.append(
                 Result.evaluate(
                     pod.name,

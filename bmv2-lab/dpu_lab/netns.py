@@ -76,6 +76,8 @@ class LabNetwork:
     root_links: list[str] = field(default_factory=list)
     host_ns: dict[str, str] = field(default_factory=dict)
     limiters: list[LimiterPorts] = field(default_factory=list)
+    router_ns: str = ""
+    router_ports: dict[str, str] = field(default_factory=dict)  # pod -> its port's name in the router namespace
 
     @property
     def prefix(self) -> str:
@@ -104,7 +106,7 @@ class LabNetwork:
 
     def _build(self) -> None:
         p = self.prefix
-        router = self._netns("r")
+        router = self.router_ns = self._netns("r")
         in_ns(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         hosts_seen = 0
         for i, pod in enumerate(self.topology.pods):
@@ -132,9 +134,11 @@ class LabNetwork:
             if pod.placement == "node":
                 # pod bridge -- router: no limiter on the uplink, the nodes' DPUs do the limiting
                 self._pair(f"{p}p{i}r", (router, None), root_end_to=(pod_ns, "br0"), address=gateway)
+                self.router_ports[pod.name] = f"{p}p{i}rx"  # _pair's name for the peer end
             else:
                 host_if = self._pair(f"{p}p{i}h", (pod_ns, "br0"))
                 up_if = self._pair(f"{p}p{i}u", (router, None), address=gateway)
+                self.router_ports[pod.name] = f"{up_if}x"
                 self._limiter(f"dpu-{pod.name}", pod.name, "pod-uplink", host_if, up_if)
         for k, link in enumerate(self.topology.scaleup_links):
             self._scaleup(k, link.a, link.b)

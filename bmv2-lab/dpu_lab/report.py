@@ -117,6 +117,8 @@ class Report:
     audit: dict[str, Any] | None = None  # the verifier's audit: alerts, detection (audit.Auditor.summary)
     workloads: list[dict[str, Any]] = field(default_factory=list)  # virtual.workload_result per workload
     calibration: dict[str, Any] | None = None  # real time: what the target carried here first (calibrate.py)
+    # More than one router: who assigned pods to routers, and each period's assignment (pod -> router).
+    routing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -147,6 +149,7 @@ class Report:
             audit=data.get("audit"),
             workloads=list(data.get("workloads", [])),
             calibration=data.get("calibration"),
+            routing=data.get("routing"),
         )
 
 
@@ -238,11 +241,12 @@ def plot_detection(report: Report, series: PlotSeries) -> Figure:
             ax.axvline(float(ev["t_s"]), color="red", ls=":", lw=1.5)
     for ev in report.events:
         what = f"{ev.get('how', ev['action'])}{' (forged)' if ev.get('forge') else ''}"
-        top.text(
-            float(ev["t_s"]), 0.97, f" {ev['dpu']}: {what}", transform=top.get_xaxis_transform(), va="top", fontsize=8
-        )
+        where = ev.get("dpu", ev.get("pod", ""))
+        top.text(float(ev["t_s"]), 0.97, f" {where}: {what}", transform=top.get_xaxis_transform(), va="top", fontsize=8)
     ttd = report.audit["time_to_detection_s"]
-    found = f"detected after {ttd:g} s" if ttd is not None else "not detected"
+    found = (
+        f"detected after {ttd:g} s" if ttd is not None else ("detected" if report.audit["detected"] else "not detected")
+    )
     fig.suptitle(f"{report.scenario}: audit every {report.audit['interval_s']:g} s, {found}")
     return fig
 
@@ -327,6 +331,20 @@ def summary_markdown(report: Report) -> str:
             "|---:|---|---|---|",
         ]
         lines += [f"| {x['t_s']:g} | {x['check']} | {x['where']} | {x['detail']} |" for x in a["alerts"]]
+    if report.routing is not None:
+        r = report.routing
+        periods = r["assignments"]
+        lines += [
+            "",
+            "## Routing",
+            "",
+            "Pods assigned to routers "
+            + ("by the operator" if r["assign"] == "operator" else "at random by the verifier")
+            + (f", redrawn every {r['period_s']:g} s ({len(periods)} assignments)" if r["period_s"] else "")
+            + ". First assignment: "
+            + ", ".join(f"{pod} -> {router}" for pod, router in sorted(periods[0]["routers"].items()))
+            + ".",
+        ]
     if report.calibration is not None:
         c = report.calibration
         lines += [

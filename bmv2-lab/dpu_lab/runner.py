@@ -22,11 +22,14 @@ from typing import Literal
 from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
+from p4sim.firmware import FirmwareClient
 
-from .calibrate import Calibration, calibrate
+from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
+from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
+from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites
 from .report import Flow, Phase, Report, write_report
 from .targets import BUFFER_BYTES, TargetKind, TargetProcess, free_port, start_target
@@ -60,7 +63,9 @@ class LabRun:
     events: list[dict[str, object]] = field(default_factory=list)
     t_start: float = 0.0  # when the captures started: the report's time base
     calibrate: bool = False  # first measure what the target carries here (calibrate.py); the CLI's default
+    rescale: bool = False  # and scale a scenario it cannot carry down to what it can, rather than refuse
     calibration: Calibration | None = None
+    live: LiveAudit | None = None  # the verifier's audit, when the scenario has one
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -68,10 +73,16 @@ class LabRun:
         virtual_only = [
             what
             for what, used in (
-                ("compromise events", any(e.action == "compromise" for ph in sc.phases for e in ph.events)),
-                ("the audit", sc.audit is not None),
+                (
+                    "compromise events on bmv2 (the lab reaches only the embedded target's firmware)",
+                    self.target == "bmv2" and any(e.action == "compromise" for ph in sc.phases for e in ph.events),
+                ),
+                ("the audit's probes", sc.audit is not None and "probe" in sc.audit.checks),
                 ("workloads", any(ph.workloads for ph in sc.phases)),
                 ("evasion flows", any(f.encap != "none" or f.spoof_src for ph in sc.phases for f in ph.flows)),
+                ("parallel uplinks", any(p.uplinks > 1 for p in sc.topology.pods)),
+                ("more than one router", len(sc.topology.routers) > 1),
+                ("router placement", sc.topology.pods[0].placement == "router"),
             )
             if used
         ]
@@ -81,7 +92,11 @@ class LabRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
         if self.calibrate:
-            self.calibration = calibrate(sc, self.target, self.traffic, self.out_dir / "calibration", self.console)
+            self.calibration = calibrate(
+                sc, self.target, self.traffic, self.out_dir / "calibration", self.console, self.rescale
+            )
+            if self.calibration.verdict == "rescaled":
+                self.scenario = scaled(sc, self.calibration.scale)
         with _sigterm_as_interrupt():
             try:
                 return self._run()
@@ -106,6 +121,10 @@ class LabRun:
         self._say("caps applied through the control plane; every DPU converged (read back)")
         captures = self._start_captures()
         t_start = self.t_start = time.time()
+        if sc.audit is not None:
+            assert self.net is not None
+            self.live = LiveAudit(sc, self.api, self.net.router_ns, self.net.router_ports, t_start)
+            self.live.start()
         phases: list[Phase] = []
         flow_results: list[Flow] = []
         port = BASE_PORT
@@ -118,11 +137,19 @@ class LabRun:
             c.popen.terminate()  # captures run until told to stop; SIGTERM makes them write their counts
         for _, c in captures:
             self._wait(c, timeout=15)
+        if self.live is not None:
+            self.live.stop()
         duration = sum(ph.duration_s for ph in sc.phases)
         captured = [(host, load_capture(p.out)) for host, p in captures]
         report, series = evaluate(sc, captured, phases, flow_results, t_start, duration, self.target, self.traffic)
         report.dpu_counters = asyncio.run(dpu_counters(self.api))
         report.events = self.events
+        if self.live is not None and self.live.auditor is not None and sc.audit is not None:
+            if self.live.error:
+                raise RuntimeError(f"the audit failed: {self.live.error}")
+            broken = {f"{r.pod} {r.direction}" for r in report.results if not r.compliant}
+            compromises = [e for e in self.events if e["action"] == "compromise"]
+            report.audit = self.live.auditor.summary(sc.audit.interval_s, compromises, broken)
         report.calibration = self.calibration.as_dict() if self.calibration else None
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
@@ -137,8 +164,10 @@ class LabRun:
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
         log = (self.out_dir / "raw" / "control-plane.log").open("wb")
+        # With an audit, the control plane reads every DPU back as often as the audit checks.
+        resync = ["--resync-s", str(self.scenario.audit.interval_s)] if self.scenario.audit else []
         self.control = subprocess.Popen(
-            [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr],
+            [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr, *resync],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -261,7 +290,8 @@ class LabRun:
         self._say(f"phase [bold]{name}[/] done ({duration:.0f} s)")
 
     def _event(self, ev: EventSpec, t: float) -> None:
-        """Carry out a scenario event: a cap change through the API, or a DPU's target dying."""
+        """Carry out a scenario event: a cap change through the API, a DPU's target dying, or its
+        firmware compromised."""
         if ev.action == "set-cap":
             assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
             assert self.api is not None
@@ -272,9 +302,18 @@ class LabRun:
             )
             return
         i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
+        if ev.action == "compromise":
+            assert ev.how is not None and tp.firmware is not None
+            compromise(FirmwareClient(tp.firmware), ev.how, ev.forge)
+            self._say(f"event at {t:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
+            self.events.append(
+                {"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
+            )
+            return
         self._say(f"event at {t:.1f} s: {ev.dpu} killed, back in {ev.down_s:g} s with no pipeline")
         tp.process.kill()  # the process we started, by its handle
         tp.process.wait(timeout=10)
+        tp.stop()  # and what it leaves behind
         time.sleep(ev.down_s)
         port = int(tp.address.rpartition(":")[2])
         lim = next(lm for lm in self.net.limiters if lm.name == ev.dpu) if self.net else None
@@ -316,6 +355,8 @@ class LabRun:
 
     def cleanup(self) -> None:
         """Stop every process we started (by handle) and remove the network."""
+        if self.live is not None:
+            self.live.stop()
         for p in self.procs:
             if p.popen.poll() is None:
                 p.popen.terminate()

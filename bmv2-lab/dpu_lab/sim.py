@@ -22,6 +22,7 @@ and link loss.
 from __future__ import annotations
 
 import heapq
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,11 +121,18 @@ class Receiver:
 
 @dataclass
 class SimNetwork:
-    """Pods joined by a router; each pod's limiter(s) where its placement puts them.
+    """Pods joined by routers (more than one: through a spine); each pod's limiter(s) where its
+    placement puts them.
 
-    pod-uplink: hosts -- pod switch -- limiter -- router.   node: host -- limiter -- pod switch -- router.
-    `limiters` maps a limiter's name (dpu-POD or dpu-HOST) to its packet path (port 0 faces the
-    host side, port 1 the uplink side).
+    pod-uplink: hosts -- pod switch -- limiter -- router (K parallel uplinks: K limiters between the
+    switch and the router).   node: host -- limiter -- pod switch -- router.
+    router: hosts -- pod switch -- router -- limiter -- spine: pods behind one router (a cell) reach
+    each other through the router alone. Each pod hangs on the router `router_of` names, which
+    `reroute` changes mid-run (a frame on its way to a router its pod has left is lost).
+    `limiters` maps a limiter's name (PodSpec.limiters) to its packet path (port 0 faces the host
+    side, port 1 the uplink side). Over parallel uplinks the pod's switch and the router spread
+    frames by a hash of the sending flow (source MAC: host and port), as ECMP does, unless the flow
+    is pinned to one (`pinned`: an attacker choosing its ports for a compromised uplink).
     """
 
     topology: Topology
@@ -136,6 +144,8 @@ class SimNetwork:
     dropped_no_route: int = 0
     # The router's own byte counts per (pod, direction), in 1 ms bins: the verifier's, not the DPUs'.
     router_counts: dict[tuple[str, str], Timeline] = field(default_factory=dict)
+    pinned: dict[bytes, int] = field(default_factory=dict)  # a flow's source MAC -> its uplink (0-based)
+    router_of: dict[str, str] = field(default_factory=dict)  # pod -> its router (default: the first draw)
 
     def __post_init__(self) -> None:
         topo = self.topology
@@ -147,9 +157,20 @@ class SimNetwork:
         addresses = {mac_host(m): topo.address_of(h) for h, m in self.mac_of.items()}
         self._from_host: dict[str, Link] = {}  # a host's own link, into its limiter or its switch
         self._switch_to_host: dict[str, Link] = {}  # toward a host: into its limiter or the host itself
-        self._switch_up: dict[str, Link] = {}  # a pod's way out: into its uplink limiter or the router
-        self._router_down: dict[str, Link] = {}  # the router's way into a pod
+        self._switch_up: dict[str, list[Link]] = {}  # a pod's ways out: into its uplink limiters or the router
+        self._router_down: dict[str, list[Link]] = {}  # the router's ways into a pod
         e, hb, ub = self.engine, self.host_link_bps, self.uplink_bps
+        self.router_of = self.router_of or topo.assignment(0)
+        self._to_spine: dict[str, Link] = {}  # router -> spine (through its limiter with router placement)
+        self._from_spine: dict[str, Link] = {}
+        for r in topo.routers:
+            down = Link(e, ub, self._router_from_spine(r))
+            if topo.pods[0].placement == "router":
+                outs = {0: down, 1: Link(e, ub, self._spine_in)}
+                self._to_spine[r] = Link(e, ub, self._limiter_in(f"dpu-{r}", 0, outs))
+                self._from_spine[r] = Link(e, ub, self._limiter_in(f"dpu-{r}", 1, outs))
+            else:
+                self._to_spine[r], self._from_spine[r] = Link(e, ub, self._spine_in), down
         # Scale-up links (NVSwitch paths): host to host, no limiter, no router.
         self._scaleup: dict[tuple[str, str], Link] = {}
         self.receivers.update({h: Receiver(addresses) for h in self._pod_of_host})
@@ -167,20 +188,28 @@ class SimNetwork:
                 else:
                     self._from_host[h] = Link(e, hb, self._switch_in(pod.name))
                     self._switch_to_host[h] = to_host
-            to_router = Link(e, ub, self._router_in)
-            if pod.placement == "node":
-                self._switch_up[pod.name] = to_router
-                self._router_down[pod.name] = Link(e, ub, self._switch_in(pod.name))
+            if pod.placement != "pod-uplink":
+                self._switch_up[pod.name] = [Link(e, ub, self._router_in)]
+                self._router_down[pod.name] = [Link(e, ub, self._switch_in(pod.name))]
             else:
-                name = f"dpu-{pod.name}"
-                to_switch = Link(e, ub, self._switch_in(pod.name))
-                outs = {0: to_switch, 1: to_router}
-                self._switch_up[pod.name] = Link(e, ub, self._limiter_in(name, 0, outs))
-                self._router_down[pod.name] = Link(e, ub, self._limiter_in(name, 1, outs))
+                ups, downs = [], []
+                for name in pod.limiters():
+                    outs = {0: Link(e, ub, self._switch_in(pod.name)), 1: Link(e, ub, self._router_in)}
+                    ups.append(Link(e, ub, self._limiter_in(name, 0, outs)))
+                    downs.append(Link(e, ub, self._limiter_in(name, 1, outs)))
+                self._switch_up[pod.name], self._router_down[pod.name] = ups, downs
 
     def _pod_of_mac(self, mac: bytes) -> str | None:
         host = self._host_of.get(mac_host(mac))
         return None if host is None else self._pod_of_host[host]
+
+    def _ecmp(self, links: list[Link], frame: bytes, pin: bool) -> Link:
+        """One of parallel links for a frame: by the hash of its flow, or the flow's pinned uplink."""
+        if len(links) == 1:
+            return links[0]
+        src = frame[6:12]
+        k = self.pinned.get(src) if pin else None
+        return links[k if k is not None else zlib.crc32(src) % len(links)]
 
     def send_from(self, host: str, frame: bytes) -> None:
         """A host puts a frame on its link, or on a scale-up link when that reaches the destination."""
@@ -194,7 +223,7 @@ class SimNetwork:
             if dst is not None and self._pod_of_host[dst] == pod:
                 self._switch_to_host[dst].send(frame)
             elif self._pod_of_mac(frame[6:12]) == pod:
-                self._switch_up[pod].send(frame)  # leaving the pod (or addressed to no known host)
+                self._ecmp(self._switch_up[pod], frame, True).send(frame)  # leaving the pod (or to no known host)
 
         return switch
 
@@ -209,18 +238,48 @@ class SimNetwork:
 
         return limiter
 
+    def reroute(self, router_of: dict[str, str]) -> None:
+        """Move pods' uplinks to other routers (the assignment of the next routing period)."""
+        self.router_of = dict(router_of)
+
     def _router_in(self, frame: bytes) -> None:
+        """A frame from a pod's uplink reaches its router: counted, then down to a pod of this router
+        or up to the spine."""
         pod = self._pod_of_mac(frame[0:6])
         if pod is None:
             self.dropped_no_route += 1
             return
-        t_s = self.engine.now_ns / NS
         src = self._pod_of_mac(frame[6:12])  # the port it came in on, as a router would count it
+        here = self.router_of[src if src is not None else pod]
+        if src is not None and src != pod:
+            self._count(src, "egress", self.engine.now_ns / NS, len(frame))
+        if self.router_of[pod] == here:
+            self._down(pod, src, frame)
+        else:
+            self._to_spine[here].send(frame)
+
+    def _spine_in(self, frame: bytes) -> None:
+        pod = self._pod_of_mac(frame[0:6])
+        if pod is None:
+            self.dropped_no_route += 1
+            return
+        self._from_spine[self.router_of[pod]].send(frame)
+
+    def _router_from_spine(self, router: str) -> Callable[[bytes], None]:
+        def from_spine(frame: bytes) -> None:
+            pod = self._pod_of_mac(frame[0:6])
+            if pod is None or self.router_of[pod] != router:
+                self.dropped_no_route += 1  # its pod moved to another router meanwhile
+                return
+            self._down(pod, self._pod_of_mac(frame[6:12]), frame)
+
+        return from_spine
+
+    def _down(self, pod: str, src: str | None, frame: bytes) -> None:
+        """The router sends a frame into `pod` (counted as the pod's ingress when it comes from outside)."""
         if src != pod:
-            if src is not None:
-                self._count(src, "egress", t_s, len(frame))
-            self._count(pod, "ingress", t_s, len(frame))
-        self._router_down[pod].send(frame)
+            self._count(pod, "ingress", self.engine.now_ns / NS, len(frame))
+        self._ecmp(self._router_down[pod], frame, False).send(frame)
 
     def _count(self, pod: str, direction: str, t_s: float, nbytes: int) -> None:
         tl = self.router_counts.get((pod, direction))

@@ -8,13 +8,17 @@ A sweep file names a base scenario and the axes to vary:
       cap: [10M, 20M]                          # egress and ingress rate of every pod (or of cap_pods)
       placement: [pod-uplink, node]            # every pod's placement
       attack: [none, raise-meter, raise-meter+forge, forward-unclassified]
+      routing: [operator, randomised]          # who assigns pods to routers (more than one router)
     attack_at_s: 10                            # when, in the first phase (default: a third of it)
+    routing_period_s: 10                       # randomised routing: redrawn this often
     segment_bytes: 16000                       # optional, as --segment-bytes
 
 `attack` replaces the base scenario's events: `none`, or a compromise of the first limiter of the
 first pod (`HOW` or `HOW+forge`). With any attack the audit runs (every second, unless the base
-scenario sets it). Each point runs in its own process; sweep.csv gets one row per point and
-sweep.png compares effective inter-pod bandwidth across the grid, marking what the audit caught.
+scenario sets it). `routing: operator` keeps the topology's own assignment; `randomised` lets the
+verifier deal pods over the routers every `routing_period_s`. Each point runs in its own process;
+sweep.csv gets one row per point and sweep.png compares effective inter-pod bandwidth across the
+grid, marking what the audit caught.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
-from .config import AuditSpec, CompromiseHow, ConfigError, EventSpec, Scenario, load_scenario
+from .config import AuditSpec, CompromiseHow, ConfigError, EventSpec, RoutingSpec, Scenario, load_scenario
 from .report import Report
 from .virtual import VirtualLabRun, limiters_of
 
@@ -44,8 +48,9 @@ class Axes(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     cap: list[float | str] = Field(default=["base"], min_length=1)
-    placement: list[Literal["base", "pod-uplink", "node"]] = Field(default=["base"], min_length=1)
+    placement: list[Literal["base", "pod-uplink", "node", "router"]] = Field(default=["base"], min_length=1)
     attack: list[str] = Field(default=["none"], min_length=1)
+    routing: list[Literal["base", "operator", "randomised"]] = Field(default=["base"], min_length=1)
 
     @field_validator("cap")
     @classmethod
@@ -79,6 +84,8 @@ class SweepSpec(BaseModel):
     attack_at_s: float | None = Field(default=None, ge=0)
     segment_bytes: int | None = Field(default=None, ge=18, le=1 << 20)
     cap_pods: list[str] | None = None  # the pods whose cap the cap axis sets (default: every capped pod)
+    routing_period_s: float = Field(default=10.0, gt=0)
+    routing_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,12 +95,14 @@ class Point:
     cap: float | str
     placement: str
     attack: str
+    routing: str = "base"
 
     @property
     def slug(self) -> str:
         """A folder name for the point."""
         cap = self.cap if isinstance(self.cap, str) else f"{self.cap:g}"
-        return f"cap-{cap}_{self.placement}_{self.attack}".replace("+", "-")
+        routing = "" if self.routing == "base" else f"_{self.routing}"
+        return f"cap-{cap}_{self.placement}_{self.attack}{routing}".replace("+", "-")
 
 
 def load_sweep(path: Path) -> tuple[SweepSpec, Scenario]:
@@ -116,7 +125,7 @@ def load_sweep(path: Path) -> tuple[SweepSpec, Scenario]:
 def grid(spec: SweepSpec) -> list[Point]:
     """Every combination of the axes."""
     a = spec.axes
-    return [Point(c, p, k) for c, p, k in itertools.product(a.cap, a.placement, a.attack)]
+    return [Point(c, p, k, r) for c, p, k, r in itertools.product(a.cap, a.placement, a.attack, a.routing)]
 
 
 def scenario_at(base: Scenario, spec: SweepSpec, point: Point) -> Scenario:
@@ -127,6 +136,11 @@ def scenario_at(base: Scenario, spec: SweepSpec, point: Point) -> Scenario:
     if point.placement != "base":
         pods = [p.model_copy(update={"placement": point.placement}) for p in topo.pods]
         topo = topo.model_copy(update={"pods": pods})
+    if point.routing == "randomised":
+        routing = RoutingSpec(assign="randomised", period_s=spec.routing_period_s, seed=spec.routing_seed)
+        topo = topo.model_copy(update={"routing": routing})
+    elif point.routing == "operator" and topo.routing.assign != "operator":
+        topo = topo.model_copy(update={"routing": RoutingSpec()})
     caps = base.caps
     if point.cap != "base":
         rate = parse_rate(point.cap, "axes.cap")
@@ -146,7 +160,14 @@ def scenario_at(base: Scenario, spec: SweepSpec, point: Point) -> Scenario:
         ev = EventSpec(at_s=at, action="compromise", dpu=target, how=how, forge=bool(forge))  # type: ignore[arg-type]
         phases[0] = phases[0].model_copy(update={"events": [ev]})
         audit = audit or AuditSpec()
-    return sc.model_copy(update={"topology": topo, "phases": phases, "audit": audit})
+    if audit is not None and topo.pods[0].placement == "router":
+        # Conservation is drawn per pod's own DPUs, which router placement has not.
+        audit = audit.model_copy(update={"checks": [c for c in audit.checks if c != "conservation"]})
+    sc = sc.model_copy(update={"topology": topo, "phases": phases, "audit": audit})
+    try:  # the combination must make a valid scenario, as a file would have to
+        return Scenario.model_validate(sc.model_dump())
+    except ValidationError as exc:
+        raise ConfigError(f"sweep point {point.slug}: {exc.errors()[0]['msg']}") from None
 
 
 def row(point: Point, report: Report) -> dict[str, Any]:
@@ -158,9 +179,12 @@ def row(point: Point, report: Report) -> dict[str, Any]:
         "cap": point.cap,
         "placement": point.placement,
         "attack": point.attack,
+        "routing": point.routing,
         "compliant": report.cap_held,
         "worst_window_ratio": max((r.max_window_bytes / r.allowed_window_bytes for r in egress), default=0.0),
         "inter_pod_mbps": inter / 1e6,
+        # A workload's effective bandwidth is its slowest stream's (virtual.workload_result).
+        "workload_mbps": min((w["effective_bps"] / 1e6 for w in report.workloads), default=None),
         "detected": audit.get("detected", False),
         "time_to_detection_s": audit.get("time_to_detection_s"),
         "detected_by": " ".join(audit.get("detected_by", [])),
@@ -195,7 +219,11 @@ def plot_sweep(name: str, rows: list[dict[str, Any]]) -> Figure:
     """Effective inter-pod bandwidth per point, grouped by attack; hatched where the audit caught it."""
     fig = Figure(figsize=(max(6.0, 0.5 * len(rows) + 2), 4), layout="constrained")
     ax = fig.subplots()
-    labels = [f"{r['attack']}\n{r['placement']}, cap {r['cap']}" for r in rows]
+    labels = [
+        f"{r['attack']}\n{r['placement']}, cap {r['cap']}"
+        + (f", {r['routing']} routing" if r["routing"] != "base" else "")
+        for r in rows
+    ]
     bars = ax.bar(
         range(len(rows)),
         [r["inter_pod_mbps"] for r in rows],
@@ -204,8 +232,9 @@ def plot_sweep(name: str, rows: list[dict[str, Any]]) -> Figure:
     for bar, r in zip(bars, rows, strict=True):
         if r["detected"]:
             bar.set_hatch("//")
+            ttd = r["time_to_detection_s"]  # None: detected, with no compromise to time it from
             ax.annotate(
-                f"{r['time_to_detection_s']:g} s",
+                "detected" if ttd is None else f"{ttd:g} s",
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",
@@ -213,5 +242,5 @@ def plot_sweep(name: str, rows: list[dict[str, Any]]) -> Figure:
             )
     ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("effective inter-pod bandwidth (Mbit/s)")
-    ax.set_title(f"{name}: green = cap held, red = not; hatched = detected (time to detection)")
+    ax.set_title(f"{name}\ngreen = cap held, red = not; hatched = detected (time to detection)", fontsize=9)
     return fig

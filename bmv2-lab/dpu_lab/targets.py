@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,10 @@ BMV2_BINARY = "simple_switch_grpc"
 # simple_switch queues up to 64 frames per egress port and 128 in its output buffer, plus one in
 # each of its egress and transmit threads (targets/simple_switch/simple_switch.cpp); when those
 # queues drain after a stall, a receiver sees them in less time than the meter took to pass them.
-# The embedded target sends each frame before it reads the next.
-BUFFER_BYTES: dict[TargetKind, int] = {"embedded": 0, "bmv2": (64 + 128 + 2) * MAX_FRAME_BYTES}
+# The embedded target sends each frame before it reads the next, so it holds one at most: the frame
+# between its meter and its send, which a pause of its thread (the GIL, the CPU) can hold back while
+# the next ones follow on time.
+BUFFER_BYTES: dict[TargetKind, int] = {"embedded": MAX_FRAME_BYTES, "bmv2": (64 + 128 + 2) * MAX_FRAME_BYTES}
 
 
 class TargetError(RuntimeError):
@@ -54,11 +57,13 @@ def bmv2_options(path: str) -> list[str]:
     return ["--log-level", "off", *(["--thrift-port", str(free_port())] if _bmv2_has_thrift(path) else [])]
 
 
-def target_command(kind: TargetKind, device_id: int, interfaces: dict[int, str], grpc_addr: str) -> list[str]:
-    """The command line that starts a target of `kind`."""
+def target_command(
+    kind: TargetKind, device_id: int, interfaces: dict[int, str], grpc_addr: str, firmware: Path | None = None
+) -> list[str]:
+    """The command line that starts a target of `kind` (the embedded one with its firmware socket)."""
     ifs = [arg for port, ifname in sorted(interfaces.items()) for arg in ("-i", f"{port}@{ifname}")]
     if kind == "embedded":
-        exe = [sys.executable, "-m", "p4sim.main"]
+        exe = [sys.executable, "-m", "p4sim.main", *(["--firmware-socket", str(firmware)] if firmware else [])]
     else:
         path = shutil.which(BMV2_BINARY)
         if path is None:
@@ -77,6 +82,7 @@ class TargetProcess:
     address: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    firmware: Path | None = None  # the embedded target's firmware socket (p4sim.firmware)
 
     def stop(self) -> None:
         """Terminate the process we started (by its handle), then kill it if it lingers."""
@@ -87,6 +93,8 @@ class TargetProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+        if self.firmware is not None:
+            shutil.rmtree(self.firmware.parent, ignore_errors=True)
 
 
 def start_target(
@@ -101,11 +109,13 @@ def start_target(
     """Start a target (on `port`, or a free one) and wait until its P4Runtime port accepts connections."""
     port = port or free_port()
     address = f"127.0.0.1:{port}"
-    cmd = target_command(kind, device_id, interfaces, address)
+    # A Unix socket's path must stay short (108 bytes): not under the run's folder.
+    firmware = Path(tempfile.mkdtemp(prefix="p4fw-")) / "socket" if kind == "embedded" else None
+    cmd = target_command(kind, device_id, interfaces, address, firmware)
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    tp = TargetProcess(name, kind, device_id, address, proc, log_path)
+    tp = TargetProcess(name, kind, device_id, address, proc, log_path, firmware)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

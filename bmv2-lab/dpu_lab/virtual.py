@@ -16,18 +16,21 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import MAX_FRAME_BYTES
 from p4sim.clock import VirtualClock
+from p4sim.firmware import LocalFirmware
 from p4sim.server import Device, add_to_server
 
-from .audit import Auditor
+from .audit import AgentView, Auditor, Probe
 from .compromise import compromise
-from .config import ConfigError, EventSpec, Scenario
+from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
 from .frames import Encap
 from .report import Flow, Phase, Report, write_report
+from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
 BASE_PORT = 5201
+PROBE_PORT = 60000  # the verifier's probes (one port per capped pod)
 START_S = 0.1  # traffic starts a little after time zero, like the real lab's start delay
 LINGER_S = 0.05
 REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
@@ -47,6 +50,7 @@ class _Sending:
     payload: int
     encap: Encap = "none"
     spoof_src: str | None = None
+    uplink: int | None = None  # pinned to this uplink of its pod (1-based)
     port: int = 0
     source: UdpSource | None = None
     delivered_bytes: int = 0
@@ -89,13 +93,10 @@ def workload_result(phase: str, spec: WorkloadSpec, streams: list[_Sending]) -> 
 
 def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
     """(name, role, pod) of every limiter the topology's placements call for."""
-    out = []
-    for pod in sc.topology.pods:
-        if pod.placement == "node":
-            out += [(f"dpu-{h}", "node", pod.name) for h in pod.hosts]
-        else:
-            out.append((f"dpu-{pod.name}", "pod-uplink", pod.name))
-    return out
+    topo = sc.topology
+    if topo.pods[0].placement == "router":
+        return [(f"dpu-{r}", "router", cell_name(r)) for r in topo.routers]
+    return [(name, pod.placement, pod.name) for pod in topo.pods for name in pod.limiters()]
 
 
 @dataclass
@@ -182,7 +183,7 @@ class VirtualLabRun:
             self._say(f"t={t_s:.1f} s: {ev.dpu} down for {ev.down_s:g} s, back with no pipeline")
             return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s}
         assert ev.how is not None
-        compromise(devices[ev.dpu], ev.how, ev.forge)
+        compromise(LocalFirmware(devices[ev.dpu]), ev.how, ev.forge)
         self._say(f"t={t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
         return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
 
@@ -230,9 +231,8 @@ class VirtualLabRun:
             for f in ph.flows:
                 assert f.rate is not None
                 seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate)]
-                sending.append(
-                    _Sending(phase, f.name, f.src, f.dst, seg, self.segment_bytes or f.size, f.encap, f.spoof_src)
-                )
+                payload = self.segment_bytes or f.size
+                sending.append(_Sending(phase, f.name, f.src, f.dst, seg, payload, f.encap, f.spoof_src, f.uplink))
             for w in ph.workloads:
                 first = len(sending)
                 for stream in expand(w, hosts, ph.duration_s):
@@ -247,25 +247,31 @@ class VirtualLabRun:
         for port, s in enumerate(sending, BASE_PORT):
             s.port = port
             s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload, s.encap, s.spoof_src)
+            if s.uplink is not None:
+                net.pinned[s.source.frame[6:12]] = s.uplink - 1
             s.source.start()
         end_ns = int((t + LINGER_S) * NS)
+        probes = self._probes(net, end_ns) if sc.audit is not None and "probe" in sc.audit.checks else []
         cpu0, wall0 = time.process_time(), time.monotonic()
         rebalancing = [c.pod for c in sc.caps if c.rebalance]
         auditor = None
         if sc.audit is not None:
-            agents = plane.service.agents
-            pods_of = {name: agents[name].dpu.pod for name in devices}
+            view = AgentView({name: plane.service.agents[name] for name in devices})
             # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
             largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
-            auditor = Auditor(sc, net.router_counts, agents, pods_of, slack_bytes=4 * largest, checks=sc.audit.checks)
+            auditor = Auditor(
+                sc, net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
+            )
         plan = _stops(
             sc,
             end_ns,
             REBALANCE_S if rebalancing else None,
             sc.audit.interval_s if sc.audit else None,
             plane.service.lease_s / 3,
+            sc.topology.routing.period_s,
         )
         events: list[dict[str, object]] = []
+        assignments: list[dict[str, object]] = [{"t_s": 0.0, "routers": dict(net.router_of)}]
         for t_ns, todo in plan:
             # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
             await asyncio.to_thread(engine.run, t_ns)
@@ -278,6 +284,12 @@ class VirtualLabRun:
                 for pod in rebalancing:
                     if await plane.service.rebalance_pod(pod, t_ns / NS):
                         await plane.service.settle(pod)
+            if "reroute" in todo:
+                new = sc.topology.assignment(len(assignments))
+                async with LimiterClient(plane.address) as client:
+                    await reroute(client, sc, net.router_of, new)
+                net.reroute(new)
+                assignments.append({"t_s": t_ns / NS, "routers": new})
             if "audit" in todo and auditor is not None:
                 await auditor.tick(t_ns / NS)
             for ev in todo.get("revive", []):
@@ -320,10 +332,14 @@ class VirtualLabRun:
         report, series = evaluate(sc, net.captures(), phases, flows, 0.0, duration, "embedded", "simulated")
         report.time = "virtual"
         report.events = events
+        if len(sc.topology.routers) > 1:
+            routing = sc.topology.routing
+            report.routing = {"assign": routing.assign, "period_s": routing.period_s, "assignments": assignments}
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
         if auditor is not None and sc.audit is not None:
             compromises = [e for e in events if e["action"] == "compromise"]
-            report.audit = auditor.summary(sc.audit.interval_s, compromises)
+            broken = {f"{r.pod} {r.direction}" for r in report.results if not r.compliant}
+            report.audit = auditor.summary(sc.audit.interval_s, compromises, broken)
             found = report.audit["alerts"]
             self._say(
                 f"audit: {len(found)} alert(s)"
@@ -331,13 +347,51 @@ class VirtualLabRun:
             )
         return report, series
 
+    def _probes(self, net: SimNetwork, end_ns: int) -> list[Probe]:
+        """Start each capped pod's probe: a burst at the start of every audit interval (audit.py)."""
+        sc = self.scenario
+        assert sc.audit is not None
+        interval, probe_s = sc.audit.interval_s, sc.audit.probe_s
+        payload = self.segment_bytes or WORKLOAD_PAYLOAD
+        largest = max(MAX_FRAME_BYTES, payload + 42)
+        out = []
+        for i, cap in enumerate(sc.caps):
+            src_pod = sc.topology.pod(cap.pod)
+            # To the pod with the most room to receive, so that its ingress cap does not hide the probe.
+            others = [p for p in sc.topology.pods if p.name != cap.pod]
+            dst_pod = max(others, key=lambda p: sc.peak_rates(p.name)[1] if sc.cap_of(p.name) else float("inf"))
+            rate = sc.peak_rates(cap.pod)[0]
+            bursts = [
+                (int(k * interval * NS) + 1_000, int((k * interval + probe_s) * NS), sc.audit.probe_factor * rate)
+                for k in range(int(end_ns / (interval * NS)))
+            ]
+            port = PROBE_PORT + i
+            source = udp_source(net, src_pod.hosts[0], dst_pod.hosts[0], port, bursts, payload)
+            source.start()
+            out.append(
+                Probe(
+                    cap.pod,
+                    net.receivers[dst_pod.hosts[0]].bytes_by_port,
+                    port,
+                    int(sc.audit.probe_factor * rate * probe_s / 8),
+                    probe_allowance_bytes(cap, rate, probe_s) + largest,
+                )
+            )
+        return out
+
 
 def _stops(
-    sc: Scenario, end_ns: int, rebalance_s: float | None, audit_s: float | None, renew_s: float
+    sc: Scenario,
+    end_ns: int,
+    rebalance_s: float | None,
+    audit_s: float | None,
+    renew_s: float,
+    reroute_s: float | None,
 ) -> list[tuple[int, dict[str, list[object]]]]:
     """Simulated instants where the simulation pauses, each with what happens then, in time order."""
     stops: dict[int, dict[str, list[object]]] = {end_ns: {}}
-    for what, every in (("lease", renew_s), ("rebalance", rebalance_s), ("audit", audit_s)):
+    every_s = (("lease", renew_s), ("rebalance", rebalance_s), ("audit", audit_s), ("reroute", reroute_s))
+    for what, every in every_s:
         if every is not None:
             for k in range(1, int(end_ns / (every * NS)) + 1):
                 stops.setdefault(int(k * every * NS), {})[what] = []

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._proto.limiter.v1 import limiter_pb2 as pb
     from .client import LimiterClient
 
-from .units import DEFAULT_LEASE_S
+from .units import DEFAULT_LEASE_S, RESYNC_S
 
 DEFAULT_SERVER = "127.0.0.1:50100"
 
@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
         help="real time: skip measuring first what the target carries here (and refusing a scenario it cannot carry)",
     )
     run.add_argument(
+        "--rescale",
+        action="store_true",
+        help="real time: scale every rate and burst down to what calibration found the target carries, "
+        "rather than refuse (the report says by how much)",
+    )
+    run.add_argument(
         "--traffic",
         choices=["auto", "iperf3", "builtin"],
         default="auto",
@@ -102,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_LEASE_S,
         help=f"lease lifetime: a DPU out of touch this long falls to its floor (default {DEFAULT_LEASE_S:g} s)",
+    )
+    serve.add_argument(
+        "--resync-s",
+        type=float,
+        default=RESYNC_S,
+        help=f"read every DPU back against desired state this often, correcting drift (default {RESYNC_S:g} s)",
     )
     serve.add_argument(
         "--tls-dir",
@@ -220,7 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if not args.lease_s > 0:
                 raise ValueError(f"--lease-s: must be > 0 seconds, got {args.lease_s!r}")
-            asyncio.run(serve(args.db, args.listen, args.metrics_listen, tls, p4rt_tls, args.lease_s))
+            if not args.resync_s > 0:
+                raise ValueError(f"--resync-s: must be > 0 seconds, got {args.resync_s!r}")
+            asyncio.run(serve(args.db, args.listen, args.metrics_listen, tls, p4rt_tls, args.lease_s, args.resync_s))
         except ValueError as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 2
@@ -270,7 +284,9 @@ def _lab_run(args: argparse.Namespace) -> int:
                 "dpu-limiter: --traffic iperf3 needs iperf3 on PATH (Debian: apt-get install iperf3)", file=sys.stderr
             )
             return 2
-        report = LabRun(scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate).run()
+        report = LabRun(
+            scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate, rescale=args.rescale
+        ).run()
     except CalibrationError as exc:
         print(f"dpu-limiter: calibration: {exc}", file=sys.stderr)
         return 2

@@ -57,7 +57,8 @@ def load_manifest(path: Path) -> Manifest:
         raise ManifestError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ManifestError(f"{path}: must be a mapping with pods, dpus and/or caps")
-    unknown = set(doc) - {"pods", "dpus", "caps", "name", "router"}
+    # A lab topology's own keys (its name, routers, routing, scale-up links) say nothing to the control plane.
+    unknown = set(doc) - {"pods", "dpus", "caps", "name", "routers", "routing", "scaleup_links"}
     if unknown:
         raise ManifestError(f"{path}: unknown keys {sorted(unknown)} (expected pods, dpus, caps)")
     m = Manifest()

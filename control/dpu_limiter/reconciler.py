@@ -28,11 +28,11 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from . import dataplane as dp
 from .models import Dpu
 from .tls import TlsFiles
+from .units import RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
 ELECTION_ID = 1 << 40  # above any default controller's bid (finsy 10, p4runtime-shell 1)
-RESYNC_S = 5.0
 MAX_PASSES = 3  # write-and-read-back rounds in one reconcile before it counts as failed
 
 

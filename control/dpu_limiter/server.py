@@ -12,11 +12,10 @@ import grpc
 from . import api
 from .dataplane import ProgramFiles
 from .metrics import MetricsEndpoint
-from .reconciler import RESYNC_S
 from .service import LimiterService
 from .store import Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S
+from .units import DEFAULT_LEASE_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
@@ -88,10 +87,17 @@ async def serve(
     tls: TlsFiles | None = None,
     p4runtime_tls: TlsFiles | None = None,
     lease_s: float = DEFAULT_LEASE_S,
+    resync_s: float = RESYNC_S,
 ) -> None:
     """Serve until SIGINT/SIGTERM."""
     cp = ControlPlane(
-        db_path, listen, metrics_listen=metrics_listen, tls=tls, p4runtime_tls=p4runtime_tls, lease_s=lease_s
+        db_path,
+        listen,
+        metrics_listen=metrics_listen,
+        tls=tls,
+        p4runtime_tls=p4runtime_tls,
+        lease_s=lease_s,
+        resync_s=resync_s,
     )
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from . import dataplane as dp
 from . import shares
 from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
-from .reconciler import ELECTION_ID, RESYNC_S, AgentStatus, DpuAgent
+from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
 from .store import Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S
+from .units import DEFAULT_LEASE_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
@@ -74,7 +74,9 @@ class LimiterService:
         self.state: DesiredState = store.load()
         self.agents: dict[str, DpuAgent] = {}
         self._lock = asyncio.Lock()
-        # Node DPUs' granted shares of their pod's cap (None: nothing granted yet, the floor).
+        # Each DPU's granted share of its pod's cap (None: nothing granted yet, the floor). A pod's DPUs
+        # of one role are one layer of parallel devices (node DPUs; parallel uplinks) that its traffic
+        # is spread over, so they split the cap: a layer of one gets all of it.
         self.shares: dict[str, Cap | None] = {}
         self._resharing: dict[str, asyncio.Task[None]] = {}
         self._share_locks: dict[str, asyncio.Lock] = {}
@@ -111,7 +113,7 @@ class LimiterService:
     def _start_agent(self, dpu: Dpu) -> None:
         def intent() -> tuple[int, dp.Intent]:
             st = self.state
-            cap = self.shares.get(dpu.name) if dpu.role == Role.NODE else st.caps.get(dpu.pod)
+            cap = self.shares.get(dpu.name)
             lease = (self.lease_gen, round(self.lease_s * 1e6))
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease)
 
@@ -133,15 +135,16 @@ class LimiterService:
             self.renew_leases()
 
     def _poke_pod(self, pod: str) -> None:
+        """The pod's prefixes changed: every DPU of it reconciles (and shares follow its cap)."""
         for agent in self.agents.values():
             if agent.dpu.pod == pod:
                 agent.poke()
         self._reshare(pod)
 
-    # ---------------------------------------------------------------- node shares
+    # ---------------------------------------------------------------- shares
 
     def _reshare(self, pod: str) -> None:
-        """Move the pod's node DPUs to their shares of its cap, in the background (one pass at a time)."""
+        """Move the pod's DPUs to their shares of its cap, in the background (one pass at a time)."""
         old = self._resharing.get(pod)
         if old is not None and not old.done():
             old.cancel()
@@ -161,28 +164,32 @@ class LimiterService:
     async def _reshare_pass(self, pod: str, step_timeout: float = 30.0) -> None:
         lock = self._share_locks.setdefault(pod, asyncio.Lock())
         async with lock:
-            nodes = self._nodes(pod)
-            target = self._target(pod, nodes)
-            if all(self.shares.get(n, None) == target[n] for n in nodes) and all(n in self.shares for n in nodes):
-                return
-            # Step 1, shrink: everyone to the lesser of old and new; wait until every node holds it.
-            step = {n: shares.lesser(self.shares.get(n), target[n]) for n in nodes}
-            self.shares.update(step)
-            tickets = {n: self.agents[n].poke() for n in nodes if n in self.agents}
-            while not all(
-                await asyncio.gather(*(self.agents[n].wait_applied(t, step_timeout) for n, t in tickets.items()))
-            ):
-                LOG.warning("pod %s: shrinking node shares is not confirmed by every DPU yet; not growing any", pod)
+            target: dict[str, Cap | None] = {}
+            for layer in self._layers(pod):
+                target.update(self._target(pod, layer))
+            # Step 1, shrink: everyone to the lesser of old and new; wait until every DPU holds it.
+            # (Nothing to shrink, e.g. a cap that only grows: straight to step 2.)
+            tickets = self._grant({n: shares.lesser(self.shares.get(n), target[n]) for n in target})
+            while not await self._confirmed(tickets, step_timeout):
+                LOG.warning("pod %s: shrinking shares is not confirmed by every DPU yet; not growing any", pod)
             # Step 2, grow.
-            self.shares.update(target)
-            tickets = {n: self.agents[n].poke() for n in nodes if n in self.agents}
-            if not all(
-                await asyncio.gather(*(self.agents[n].wait_applied(t, step_timeout) for n, t in tickets.items()))
-            ):
-                LOG.warning("pod %s: growing node shares is not confirmed by every DPU yet", pod)
+            if not await self._confirmed(self._grant(target), step_timeout):
+                LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
 
-    def _nodes(self, pod: str) -> list[str]:
-        return sorted(d.name for d in self.state.dpus.values() if d.pod == pod and d.role == Role.NODE)
+    def _grant(self, grants: dict[str, Cap | None]) -> dict[str, int]:
+        """Grant shares and poke their DPUs; returns tickets to wait on (none if nothing changes)."""
+        if all(self.shares.get(n) == c for n, c in grants.items()):
+            return {}
+        self.shares.update(grants)
+        return {n: self.agents[n].poke() for n in grants if n in self.agents}
+
+    async def _confirmed(self, tickets: dict[str, int], timeout: float) -> bool:
+        """Whether every ticketed DPU applied its ticket within `timeout`."""
+        return all(await asyncio.gather(*(self.agents[n].wait_applied(t, timeout) for n, t in tickets.items())))
+
+    def _layers(self, pod: str) -> list[list[str]]:
+        """The pod's DPUs by role: each list one layer of parallel devices sharing the cap."""
+        return _layers([d for d in self.state.dpus.values() if d.pod == pod])
 
     def _buffer(self, nodes: list[str]) -> int:
         """The largest buffer after the meter among `nodes`."""
@@ -191,24 +198,23 @@ class LimiterService:
     @staticmethod
     def _check_fits(cap: Cap | None, dpus: list[Dpu], blame_dpu: bool = False) -> None:
         """Refuse a cap (or DPU set) under which some DPU's buffer would leave it less than one frame."""
-        if cap is None:
+        if cap is None or cap.rebalance:  # rebalancing buckets leave room for buffers by construction
             return
-        nodes = sorted(d.name for d in dpus if d.role == Role.NODE)
-        split = shares.split(cap, nodes)
-        for d in dpus:
-            if d.role != Role.NODE:
-                dp.check_fits(d, cap, "the pod's cap", blame_dpu)
-            elif not cap.rebalance:  # rebalancing buckets leave room for buffers by construction
-                dp.check_fits(d, split[d.name], f"an equal share of the pod's cap ({len(nodes)} nodes)", blame_dpu)
+        by_name = {d.name: d for d in dpus}
+        for layer in _layers(dpus):
+            split = shares.split(cap, layer)
+            what = "the pod's cap" if len(layer) == 1 else f"an equal share of the pod's cap ({len(layer)} DPUs)"
+            for n in layer:
+                dp.check_fits(by_name[n], split[n], what, blame_dpu)
 
     def _target(self, pod: str, nodes: list[str]) -> dict[str, Cap | None]:
-        """What each node DPU of `pod` should be granted: nothing, static equal shares, or by demand."""
+        """What each DPU of one layer of `pod` should be granted: nothing, static equal shares, or by demand."""
         cap = self.state.caps.get(pod)
         if cap is None:
             return dict.fromkeys(nodes)
-        demand = self._targets.get(pod)
-        if cap.rebalance and demand is not None and sorted(demand) == nodes:
-            return dict(demand)
+        demand = self._targets.get(pod, {})
+        if cap.rebalance and all(n in demand for n in nodes):
+            return {n: demand[n] for n in nodes}
         equal = shares.split(cap, nodes)
         if cap.rebalance and nodes:
             # Small buckets from the start: the refill bound counts the initial grants too.
@@ -227,19 +233,20 @@ class LimiterService:
                         LOG.warning("rebalancing pod %s failed: %s", pod, exc)
 
     async def rebalance_pod(self, pod: str, now_s: float, min_change: float = 0.1) -> bool:
-        """Re-grant the pod's node shares from the demand measured since the last sample at `now_s`.
+        """Re-grant the pod's shares, layer by layer, from the demand measured since the last sample at `now_s`.
 
-        Demand is what reached each node's meter (green + red bytes) per second. Returns whether the
+        Demand is what reached each DPU's meter (green + red bytes) per second. Returns whether the
         grants changed (then a shrink-before-grow pass applies them).
         """
         cap = self.state.caps.get(pod)
-        nodes = self._nodes(pod)
-        if cap is None or not cap.rebalance or not nodes:
+        if cap is None or not cap.rebalance:
             return False
-        reads = await asyncio.gather(*(self.agents[n].read_usage() for n in nodes))
+        layers = self._layers(pod)
+        members = [n for layer in layers for n in layer]
+        reads = await asyncio.gather(*(self.agents[n].read_usage() for n in members))
         demand_e: dict[str, float] = {}
         demand_i: dict[str, float] = {}
-        for n, usage in zip(nodes, reads, strict=True):
+        for n, usage in zip(members, reads, strict=True):
             e = usage["egress"]["green"][1] + usage["egress"]["red"][1]
             i = usage["ingress"]["green"][1] + usage["ingress"]["red"][1]
             prev = self._samples.get(n)
@@ -248,21 +255,23 @@ class LimiterService:
                 continue
             dt = now_s - prev[0]
             demand_e[n], demand_i[n] = (e - prev[1]) * 8 / dt, (i - prev[2]) * 8 / dt
-        if sorted(demand_e) != nodes:
+        if not members or sorted(demand_e) != sorted(members):
             return False  # a first sample: nothing to compare with yet
-        burst, allowed = shares.node_burst(cap, len(nodes), self.rebalance_interval_s, self._buffer(nodes))
         recent = [t for t in self._changes.get(pod, []) if t > now_s - cap.window_s]
-        if len(recent) >= allowed:
-            return False  # another refill now could exceed the window's allowance
-        new = shares.rebalanced(cap, demand_e, demand_i, burst)
+        new: dict[str, Cap] = {}
+        for layer in layers:
+            burst, allowed = shares.node_burst(cap, len(layer), self.rebalance_interval_s, self._buffer(layer))
+            if len(recent) >= allowed:
+                return False  # another refill now could exceed the window's allowance
+            new.update(shares.rebalanced(cap, {n: demand_e[n] for n in layer}, {n: demand_i[n] for n in layer}, burst))
         old = self._targets.get(pod)
         if (
             old is not None
-            and sorted(old) == nodes
+            and sorted(old) == sorted(new)
             and all(
                 abs(new[n].egress_bps - old[n].egress_bps) <= min_change * max(old[n].egress_bps, 1)
                 and abs(new[n].ingress_bps - old[n].ingress_bps) <= min_change * max(old[n].ingress_bps, 1)
-                for n in nodes
+                for n in new
             )
         ):
             return False
@@ -308,8 +317,7 @@ class LimiterService:
             await asyncio.to_thread(self.store.add_dpu, dpu, actor)
             self.state = await asyncio.to_thread(self.store.load)
             self._start_agent(dpu)
-        if dpu.role == Role.NODE:
-            self._reshare(dpu.pod)
+        self._reshare(dpu.pod)
         return dpu
 
     async def set_cap(self, pod: str, cap: Cap, actor: str = "local") -> Cap:
@@ -320,7 +328,7 @@ class LimiterService:
             self._check_fits(cap, [d for d in self.state.dpus.values() if d.pod == pod])
             await asyncio.to_thread(self.store.put_cap, pod, cap, actor)
             self.state = await asyncio.to_thread(self.store.load)
-        self._poke_pod(pod)
+        self._reshare(pod)  # a cap reaches DPUs only as their shares of it
         return cap
 
     # ---------------------------------------------------------------- reads
@@ -335,12 +343,12 @@ class LimiterService:
         return cap
 
     def status(self) -> dict[str, AgentStatus]:
-        """Every agent's last status; a node DPU whose pod is mid-reshare is not converged yet."""
+        """Every agent's last status; a DPU whose pod is mid-reshare is not converged yet."""
         out = {}
         gen = self.state.generation
         for name, a in self.agents.items():
             st = a.status
-            if a.dpu.role == Role.NODE and self.resharing(a.dpu.pod):
+            if self.resharing(a.dpu.pod):
                 st = dataclasses.replace(st, converged=False)
             elif st.generation_applied < gen and a.holds(gen):
                 st = dataclasses.replace(st, generation_applied=gen)
@@ -348,9 +356,13 @@ class LimiterService:
         return out
 
     async def wait_converged(self, timeout: float) -> bool:
-        """Wait until every DPU applied the current generation."""
+        """Wait until every DPU applied the current generation and every pod's shares."""
         gen = self.state.generation
         deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self.settle(p) for p in list(self._resharing))), timeout)
+        except TimeoutError:
+            return False
         # One DPU at a time: the total wait is the slowest DPU's, without a waiter per DPU.
         for a in list(self.agents.values()):
             left = deadline - asyncio.get_running_loop().time()
@@ -403,3 +415,11 @@ class LimiterService:
                     )
                 )
         return out
+
+
+def _layers(dpus: list[Dpu]) -> list[list[str]]:
+    """DPU names grouped by role (each group sorted): the layers of parallel devices of one pod."""
+    by_role: dict[Role, list[str]] = {}
+    for d in dpus:
+        by_role.setdefault(d.role, []).append(d.name)
+    return [sorted(names) for _, names in sorted(by_role.items())]

@@ -26,6 +26,7 @@ MAX_FRAME_BYTES = 1518
 DEFAULT_BURST_SECONDS = 0.1
 # Default lease lifetime: a DPU out of touch with the control plane this long falls to its floor.
 DEFAULT_LEASE_S = 30.0
+RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
 
 
 class UnitError(ValueError):

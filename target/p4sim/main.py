@@ -20,6 +20,7 @@ import grpc
 from finsy.proto import p4i, p4r
 from google.protobuf import text_format
 
+from .firmware import serve as serve_firmware
 from .ports import RawPorts, parse_interface
 from .server import Device, add_to_server
 
@@ -57,6 +58,12 @@ def build_parser(prog: str = "p4sim") -> argparse.ArgumentParser:
         help="require a client certificate signed by --grpc-server-cacert (mutual TLS)",
     )
     ap.add_argument("--p4info", type=Path, help="P4Info (text format) for a JSON given at start")
+    ap.add_argument(
+        "--firmware-socket",
+        type=Path,
+        help="also listen on this Unix socket for the device's own management path, apart from P4Runtime "
+        "(p4sim.firmware: what compromised firmware could do; for the lab's attacks)",
+    )
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return ap
 
@@ -104,6 +111,7 @@ async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
         return 1
     ports = RawPorts(interfaces) if interfaces else None
     await server.start()
+    firmware = await serve_firmware(device, args.firmware_socket) if args.firmware_socket else None
     if ports is not None:
         ports.start(device.process)
     LOG.info("serving P4Runtime on %s, device id %d, ports %s", args.grpc_server_addr, args.device_id, interfaces)
@@ -114,6 +122,9 @@ async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
     await stop.wait()
     if ports is not None:
         ports.close()
+    if firmware is not None:
+        firmware.close()
+        args.firmware_socket.unlink(missing_ok=True)
     await server.stop(grace=0.5)
     return 0
 

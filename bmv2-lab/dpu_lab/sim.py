@@ -30,10 +30,11 @@ from p4sim.clock import VirtualClock
 
 from .capture import Capture, to_capture
 from .config import Topology
-from .frames import Encap, host_mac, mac_host, mac_port
+from .frames import Encap, host_mac, mac_host
 from .frames import frame as make_frame
 from .traffic import Timeline, wire_bytes_udp
 
+heappush = heapq.heappush
 NS = 1_000_000_000
 DEFAULT_HOST_LINK_BPS = 100e9
 DEFAULT_UPLINK_BPS = 400e9  # Amodo's BlueField-3 links
@@ -70,7 +71,7 @@ class Engine:
         clock.us = self.now_ns // 1000
 
 
-@dataclass
+@dataclass(slots=True)
 class Link:
     """One direction of a link: FIFO serialisation at `rate_bps`, then `delay_ns` of propagation."""
 
@@ -83,10 +84,14 @@ class Link:
 
     def send(self, frame: bytes) -> None:
         """Queue a frame; it arrives after the queue ahead of it, its serialisation and the delay."""
-        start = max(self.engine.now_ns, self.free_at)
-        self.free_at = start + int(len(frame) * 8 * NS / self.rate_bps)
-        self.bytes_sent += len(frame)
-        self.engine.at(self.free_at + self.delay_ns, self.deliver, frame)
+        # Engine.at written out (this runs for every frame on every hop); the arrival is never in the past.
+        engine, n = self.engine, len(frame)
+        now, free = engine.now_ns, self.free_at
+        free = (now if now > free else free) + int(n * 8 * NS / self.rate_bps)
+        self.free_at = free
+        self.bytes_sent += n
+        engine._seq += 1
+        heappush(engine._heap, (free + self.delay_ns, engine._seq, self.deliver, frame))
 
 
 Processor = Callable[[int, bytes], list[tuple[int, bytes]]]
@@ -107,13 +112,13 @@ class Receiver:
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
-        mac = frame[6:12]
-        src = self.address_of.get(mac_host(mac), "unknown")
+        # The source MAC is frame[6:12]: mac_host and mac_port of it, read in place.
+        src = self.address_of.get((frame[7], frame[8]), "unknown")
         tl = self.bins.get(src)
         if tl is None:
             tl = self.bins[src] = Timeline(0.001)
         tl.add(t_s, len(frame))
-        port = mac_port(mac)
+        port = (frame[10] << 8) | frame[11]
         self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
         self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
 
@@ -144,6 +149,7 @@ class SimNetwork:
         self.mac_of = {h: host_mac(pi, hi + 1) for pi, p in enumerate(topo.pods) for hi, h in enumerate(p.hosts)}
         self._host_of: dict[tuple[int, int], str] = {mac_host(m): h for h, m in self.mac_of.items()}
         self._pod_of_host = {h: p.name for p in topo.pods for h in p.hosts}
+        self._pod_of_id = {mac_host(m): self._pod_of_host[h] for h, m in self.mac_of.items()}
         addresses = {mac_host(m): topo.address_of(h) for h, m in self.mac_of.items()}
         self._from_host: dict[str, Link] = {}  # a host's own link, into its limiter or its switch
         self._switch_to_host: dict[str, Link] = {}  # toward a host: into its limiter or the host itself
@@ -178,23 +184,29 @@ class SimNetwork:
                 self._switch_up[pod.name] = Link(e, ub, self._limiter_in(name, 0, outs))
                 self._router_down[pod.name] = Link(e, ub, self._limiter_in(name, 1, outs))
 
-    def _pod_of_mac(self, mac: bytes) -> str | None:
-        host = self._host_of.get(mac_host(mac))
-        return None if host is None else self._pod_of_host[host]
+    # Addresses are read in place: mac_host(frame[0:6]) is (frame[1], frame[2]), and of the source
+    # MAC frame[6:12], (frame[7], frame[8]).
 
     def send_from(self, host: str, frame: bytes) -> None:
         """A host puts a frame on its link, or on a scale-up link when that reaches the destination."""
-        dst = self._host_of.get(mac_host(frame[0:6]))
-        bypass = self._scaleup.get((host, dst)) if dst is not None else None
-        (bypass or self._from_host[host]).send(frame)
+        if self._scaleup:
+            dst = self._host_of.get((frame[1], frame[2]))
+            bypass = self._scaleup.get((host, dst)) if dst is not None else None
+            if bypass is not None:
+                bypass.send(frame)
+                return
+        self._from_host[host].send(frame)
 
     def _switch_in(self, pod: str) -> Callable[[bytes], None]:
+        host_of, pod_of_host, pod_of_id = self._host_of, self._pod_of_host, self._pod_of_id
+        to_host, up = self._switch_to_host, self._switch_up
+
         def switch(frame: bytes) -> None:
-            dst = self._host_of.get(mac_host(frame[0:6]))
-            if dst is not None and self._pod_of_host[dst] == pod:
-                self._switch_to_host[dst].send(frame)
-            elif self._pod_of_mac(frame[6:12]) == pod:
-                self._switch_up[pod].send(frame)  # leaving the pod (or addressed to no known host)
+            dst = host_of.get((frame[1], frame[2]))
+            if dst is not None and pod_of_host[dst] == pod:
+                to_host[dst].send(frame)
+            elif pod_of_id.get((frame[7], frame[8])) == pod:
+                up[pod].send(frame)  # leaving the pod (or addressed to no known host)
 
         return switch
 
@@ -210,12 +222,12 @@ class SimNetwork:
         return limiter
 
     def _router_in(self, frame: bytes) -> None:
-        pod = self._pod_of_mac(frame[0:6])
+        pod = self._pod_of_id.get((frame[1], frame[2]))
         if pod is None:
             self.dropped_no_route += 1
             return
         t_s = self.engine.now_ns / NS
-        src = self._pod_of_mac(frame[6:12])  # the port it came in on, as a router would count it
+        src = self._pod_of_id.get((frame[7], frame[8]))  # the port it came in on, as a router would count it
         if src != pod:
             if src is not None:
                 self._count(src, "egress", t_s, len(frame))

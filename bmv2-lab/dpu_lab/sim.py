@@ -81,13 +81,19 @@ class Link:
     delay_ns: int = 1_000
     free_at: int = 0
     bytes_sent: int = 0
+    # Serialisation time by frame length: a simulation sends few distinct lengths, and the exact
+    # integer arithmetic costs more than the lookup.
+    _serial_ns: dict[int, int] = field(default_factory=dict)
 
     def send(self, frame: bytes) -> None:
         """Queue a frame; it arrives after the queue ahead of it, its serialisation and the delay."""
         # Engine.at written out (this runs for every frame on every hop); the arrival is never in the past.
         engine, n = self.engine, len(frame)
+        serial = self._serial_ns.get(n)
+        if serial is None:
+            serial = self._serial_ns[n] = int(n * 8 * NS / self.rate_bps)
         now, free = engine.now_ns, self.free_at
-        free = (now if now > free else free) + int(n * 8 * NS / self.rate_bps)
+        free = (now if now > free else free) + serial
         self.free_at = free
         self.bytes_sent += n
         engine._seq += 1
@@ -264,16 +270,17 @@ class UdpSource:
     sent_packets: int = 0
     sent_wire_bytes: int = 0
     _seg: int = 0
+    _gaps: list[int] = field(default_factory=list)  # each segment's time between frames
 
     def start(self) -> None:
         """Schedule the first frame."""
+        self._gaps = [int(len(self.frame) * 8 * NS / rate) for _, _, rate in self.segments]
         if self.segments:
             self.net.engine.at(self.segments[0][0], self._send)
 
     def _send(self, _: object = None) -> None:
         now = self.net.engine.now_ns
-        _, end, rate = self.segments[self._seg]
-        if now >= end:
+        if now >= self.segments[self._seg][1]:
             self._seg += 1
             if self._seg < len(self.segments):
                 self.net.engine.at(self.segments[self._seg][0], self._send)
@@ -281,8 +288,7 @@ class UdpSource:
         self.net.send_from(self.host, self.frame)
         self.sent_packets += 1
         self.sent_wire_bytes += len(self.frame)
-        gap = int(len(self.frame) * 8 * NS / rate)
-        self.net.engine.at(now + gap, self._send)
+        self.net.engine.at(now + self._gaps[self._seg], self._send)
 
 
 def udp_source(

@@ -60,8 +60,11 @@ class Engine:
         """Process events up to `until_ns`."""
         heap, clock, pop = self._heap, self.clock, heapq.heappop
         n = 0
-        while heap and heap[0][0] <= until_ns:
-            t, _, fn, arg = pop(heap)
+        while heap:
+            t, seq, fn, arg = pop(heap)
+            if t > until_ns:  # popped rather than peeked at: one look at the heap per event, not two
+                heappush(heap, (t, seq, fn, arg))
+                break
             self.now_ns = t
             clock.us = t // 1000
             fn(arg)

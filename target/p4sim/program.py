@@ -227,6 +227,9 @@ class Program:
                 "egress_global_timestamp",
             )
         )
+        # Fields always hold values within their width (generated code relies on it, see _srcb); bmv2
+        # truncates what it writes into them too, such as a port number or a replica's rid.
+        self._port_mask = self._mask(self._sm["ingress_port"])
         self._has_checksums = bool(self._list("checksums"))
         self._egress_empty = pipelines["egress"].get("init_table") is None
         self._memo, self._span = self._parse_memo()
@@ -407,67 +410,84 @@ class Program:
         }
 
     def _src(self, node: Any, where: str, env: dict[str, Any]) -> str:
+        return self._srcb(node, where, env)[0]
+
+    def _srcb(self, node: Any, where: str, env: dict[str, Any]) -> tuple[str, int | None]:
+        """An expression's source and a bound on its value's bit length (None: unknown, maybe negative).
+
+        The bound lets generated code leave out masks that cannot change the value (p4c's casts).
+        """
         if not isinstance(node, dict) or "type" not in node:
             raise ProgramError(f"bmv2 JSON: malformed expression {node!r} in {where}")
         kind: str = node["type"]
         value: Any = node.get("value")
         if kind == "field":
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
-                return f"(1 if v[{self._header(value[0], where).index}] else 0)"
-            return f"f[{self._field(value, where)}]"
+                return f"(1 if v[{self._header(value[0], where).index}] else 0)", 1
+            i = self._field(value, where)
+            return f"f[{i}]", self.field_width[i]
         if kind == "hexstr":
-            return repr(int(value, 16))
+            n = int(value, 16)
+            return repr(n), (n.bit_length() if n >= 0 else None)
         if kind == "bool":
-            return "1" if value else "0"
+            return ("1" if value else "0"), 1
         if kind in ("runtime_data", "local"):  # "local": an action parameter inside an expression
-            return f"ad[{int(value)}]"
+            return f"ad[{int(value)}]", None
         if kind == "header":
-            return f"(1 if v[{self._header(value, where).index}] else 0)"
+            return f"(1 if v[{self._header(value, where).index}] else 0)", 1
         if kind == "stack_field":
-            loc, _ = self._stack_field_loc(value, where)
-            return f"f[{_bind(env, loc)}(p, ad)]"
+            loc, width = self._stack_field_loc(value, where)
+            return f"f[{_bind(env, loc)}(p, ad)]", width
         if kind == "expression":
             # p4c sometimes wraps an expression node in another one.
             if isinstance(value, dict) and "op" not in value:
-                return self._src(value, where, env)
-            return self._op_src(value, where, env)
+                return self._srcb(value, where, env)
+            return self._op_srcb(value, where, env)
         raise UnsupportedConstruct(f"expression type {kind}", where)
 
-    def _op_src(self, node: dict[str, Any], where: str, env: dict[str, Any]) -> str:
+    def _op_srcb(self, node: dict[str, Any], where: str, env: dict[str, Any]) -> tuple[str, int | None]:
         op = node.get("op")
         left_node, right_node = node.get("left"), node.get("right")
         _no_nested_runtime_data((left_node, right_node, node.get("cond")), where)
 
-        def sub(n: Any) -> str:
-            return self._src(n, where, env)
+        def sub(n: Any) -> tuple[str, int | None]:
+            return self._srcb(n, where, env)
 
         if op in ("?", "?:"):  # bmv2 JSON's conditional operator is "?"
-            return f"({sub(left_node)} if {sub(node['cond'])} else {sub(right_node)})"
+            (a, ab), (b, bb) = sub(left_node), sub(right_node)
+            return f"({a} if {sub(node['cond'])[0]} else {b})", _both(max, ab, bb)
         if op == "valid":
             return sub(right_node)
         if op == "access_field":
-            const, dyn, _ = self.lvalue({"type": "expression", "value": node}, where)
-            return f"f[{const}]" if dyn is None else f"f[{_bind(env, dyn)}(p, ad)]"
+            const, dyn, width = self.lvalue({"type": "expression", "value": node}, where)
+            return (f"f[{const}]" if dyn is None else f"f[{_bind(env, dyn)}(p, ad)]"), width
         if op in ("last_stack_index", "size"):
             k = self._stack(right_node.get("value") if isinstance(right_node, dict) else None, where).index
             # bmv2's SIZE_STACK is the stack's count (its next index), not its depth
-            return f"p.stk[{k}]" if op == "size" else f"(p.stk[{k}] - 1)"
+            return (f"p.stk[{k}]" if op == "size" else f"(p.stk[{k}] - 1)"), None
         if op in ("d2b", "b2d"):
-            return f"(1 if {sub(right_node)} else 0)"
+            a, ab = sub(right_node)
+            return (a, 1) if ab is not None and ab <= 1 else (f"(1 if {a} else 0)", 1)  # 0 or 1 already
         if op == "not":
-            return f"(0 if {sub(right_node)} else 1)"
+            return f"(0 if {sub(right_node)[0]} else 1)", 1
         if op == "~" and left_node is None:
-            return f"(~{sub(right_node)})"
+            return f"(~{sub(right_node)[0]})", None
         if op == "-" and left_node is None:
-            return f"(-{sub(right_node)})"
+            return f"(-{sub(right_node)[0]})", None
         if op == "two_comp_mod":
-            width = int(eval(sub(right_node), {}))  # a constant in our own source
+            width = int(eval(sub(right_node)[0], {}))  # a constant in our own source
             mask, sign = (1 << width) - 1, 1 << (width - 1)
-            return f"((({sub(left_node)} & {mask}) ^ {sign}) - {sign})"
+            return f"((({sub(left_node)[0]} & {mask}) ^ {sign}) - {sign})", None
         template = _BINARY.get(op or "")
         if template is None:
             raise UnsupportedConstruct(f"operator {op}", where)
-        return template.format(a=sub(left_node), b=sub(right_node))
+        (a, ab), (b, bb) = sub(left_node), sub(right_node)
+        if op == "&":  # a mask wider than the other operand's value changes nothing
+            if _is_mask(b) and ab is not None and ab <= int(b).bit_length():
+                return a, ab
+            if _is_mask(a) and bb is not None and bb <= int(a).bit_length():
+                return b, bb
+        return template.format(a=a, b=b), _bits(op or "", ab, bb, b)
 
     # ---------------------------------------------------------------- header stacks
 
@@ -1332,11 +1352,9 @@ class Program:
                 return [f"{_bind(env, self._primitive(prim, where))}(p, ad)"]
             if i == self._sm.get("mcast_grp", -1) >= 0:
                 self.replicates = True
-            src = params[1]
-            code = self._src(src, here, env)
-            narrow = src.get("type") == "field" and src.get("value", [None, None])[1] != "$valid$"
-            if narrow and self.field_width[self._field(src["value"], here)] <= width:
-                return [f"f[{i}] = {code}"]  # a field no wider than the destination needs no mask
+            code, bits = self._srcb(params[1], here, env)
+            if bits is not None and bits <= width:
+                return [f"f[{i}] = {code}"]  # a value no wider than the destination needs no mask
             return [f"f[{i}] = {_masked(code, (1 << width) - 1)}"]
         if op in ("mark_to_drop", "drop"):
             mg = self._sm.get("mcast_grp", -1)
@@ -1378,8 +1396,10 @@ class Program:
         if op == "register_write":
             rarr = self._extern(self.registers, params[0], here)
             lines, cell, ok = _index(self._src(params[1], here, env), rarr.size)
-            store = f"{_bind(env, rarr)}.values[{cell}] = _w & {rarr.mask}"
-            return [*lines, f"_w = {self._src(params[2], here, env)}", *_guarded(ok, store)]
+            value, bits = self._srcb(params[2], here, env)
+            fits = bits is not None and bits <= rarr.mask.bit_length()
+            store = f"{_bind(env, rarr)}.values[{cell}] = {'_w' if fits else f'_w & {rarr.mask}'}"
+            return [*lines, f"_w = {value}", *_guarded(ok, store)]
         if op in ("assert", "assume"):
             return [f"if not {self._cond_src(params[0], here, env)}:", f"    raise _PA({op + ' failed'!r})"]
         return [f"{_bind(env, self._primitive(prim, where))}(p, ad)"]
@@ -1731,7 +1751,7 @@ class Program:
             parsed = None
             p = Packet(self.template_f.copy(), self.template_v.copy(), n, stk.copy() if stk else None)
             f = p.f
-        f[ip] = port
+        f[ip] = port & self._port_mask
         if pl >= 0:
             f[pl] = n
         if igt >= 0:
@@ -1790,7 +1810,7 @@ class Program:
         p = RPacket(self.template_f.copy(), self.template_v.copy(), len(data), stk.copy() if stk else None)
         f, sm = p.f, self._sm
         if preserved is None:  # received from a port
-            f[sm["ingress_port"]] = port
+            f[sm["ingress_port"]] = port & self._port_mask
             if sm["ingress_global_timestamp"] >= 0:
                 f[sm["ingress_global_timestamp"]] = self.clock.now_us()
         else:  # resubmitted or recirculated: metadata reset, then the field list copied over
@@ -1825,7 +1845,7 @@ class Program:
         for eport, r in replicas:
             q = self._copy(p)
             if rid >= 0:
-                q.f[rid] = r
+                q.f[rid] = r & self._mask(rid)
             egress_q.append((eport, q))
 
     def _ingress_step(
@@ -2113,6 +2133,36 @@ def _joined(names: list[str], sizes: list[int]) -> str:
         shift -= size * 8
         terms.append(f"({name} << {shift})" if shift else name)
     return terms[0] if len(terms) == 1 else f"({' | '.join(terms)})"
+
+
+def _both(fn: Callable[[int, int], int], a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else fn(a, b)
+
+
+def _is_mask(code: str) -> bool:
+    """Whether source `code` is a literal 2**k - 1 (k >= 1)."""
+    return code.isdigit() and int(code) > 0 and int(code) & (int(code) + 1) == 0
+
+
+def _bits(op: str, a: int | None, b: int | None, b_code: str) -> int | None:
+    """A bound on the bit length of `a op b` from its operands' bounds (None: unknown or maybe negative)."""
+    if op in _COMPARE or op in ("and", "or"):
+        return 1
+    if op == "&":
+        return _both(min, a, b) if a is not None and b is not None else a if a is not None else b
+    if op in ("|", "^"):
+        return _both(max, a, b)
+    if op == "+":
+        return _both(lambda x, y: max(x, y) + 1, a, b)
+    if op == "*":
+        return _both(lambda x, y: x + y, a, b)
+    if op == "<<":
+        return a + int(b_code) if a is not None and b is not None and b_code.isdigit() else None
+    if op in (">>", "/"):
+        return a if b is not None else None
+    if op == "%":
+        return b if a is not None else None
+    return None  # "-": maybe negative
 
 
 def _key_src(parts: list[str]) -> str:

@@ -1743,9 +1743,8 @@ class Program:
         # The same bytes object again (a simulation resends one frame): its parse is taken from the memo.
         parsed = memo.get(id(data)) if memo is not None else None
         if parsed is not None and parsed.data is data:
-            p = Packet(self.template_f.copy(), parsed.valid.copy(), n, stk.copy() if stk else None)
+            p = Packet(parsed.start.copy(), parsed.valid.copy(), n, stk.copy() if stk else None)
             f = p.f
-            f[lo:hi] = parsed.fields
             p.payload, p.poff = data, parsed.off
         else:
             parsed = None
@@ -1760,7 +1759,9 @@ class Program:
             if parsed is None and self.parser(p, data) and memo is not None and data.__class__ is bytes:
                 if len(memo) >= _MEMO_SIZE:
                     memo.clear()
-                memo[id(data)] = _Parsed(data, f[lo:hi], p.v.copy(), p.poff)  # it holds data: the id stays its
+                start = self.template_f.copy()
+                start[lo:hi] = f[lo:hi]
+                memo[id(data)] = _Parsed(data, start, lo, hi, p.v.copy(), p.poff)  # it holds data: the id stays its
             if self._has_checksums:
                 self.verify_checksums(p, _NO_STACKS)
             self.ingress(p)
@@ -2041,14 +2042,16 @@ def _update_stmt(compute: Callable[[Packet], int], target: int, mask: int, cond:
 
 
 class _Parsed:
-    """A memoised parse (Program.process): the bytes, the packet headers' fields and all validity bits
-    after parsing, where parsing stopped, and whether deparsing those headers gives the bytes back."""
+    """A memoised parse (Program.process): the bytes; the field list after parsing them (metadata as in
+    the template) and the packet headers' part of it; all validity bits after parsing; where parsing
+    stopped; and whether deparsing those headers gives the bytes back."""
 
-    __slots__ = ("data", "fields", "off", "same", "valid")
+    __slots__ = ("data", "fields", "off", "same", "start", "valid")
 
-    def __init__(self, data: bytes, fields: list[int], valid: list[bool], off: int) -> None:
+    def __init__(self, data: bytes, start: list[int], lo: int, hi: int, valid: list[bool], off: int) -> None:
         self.data = data
-        self.fields = fields
+        self.start = start
+        self.fields = start[lo:hi]
         self.valid = valid
         self.off = off
         self.same: bool | None = None

@@ -1,9 +1,11 @@
-"""Load a bmv2 JSON program (as p4c-bm2-ss emits it for v1model) and compile it into closures.
+"""Load a bmv2 JSON program (as p4c-bm2-ss emits it for v1model) and compile it into Python.
 
 The JSON is compiled once, at SetForwardingPipelineConfig time: every expression, primitive,
-parser state and pipeline node becomes a Python closure over precomputed field offsets, so that
-the per-packet path does no name lookups and no JSON walking. Constructs this target does not
-implement are rejected here, with the construct's name, never later at packet time.
+parser state and pipeline node becomes a Python closure over precomputed field offsets, and the
+actions, pipelines, parser and deparser are then also written out as Python source over the same
+offsets (see "generated source" below), so that the per-packet path does no name lookups, no JSON
+walking and few calls. Constructs this target does not implement are rejected here, with the
+construct's name, never later at packet time.
 """
 
 from __future__ import annotations
@@ -382,7 +384,7 @@ class Program:
     def expr(self, node: Any, where: str) -> Expr:
         """Compile an expression node into one Python function returning an int (booleans as 0/1).
 
-        The whole expression tree becomes the source of a single lambda, so evaluating it costs one
+        The whole expression tree becomes the source of a single function, so evaluating it costs one
         call rather than one closure call per node; what cannot be written inline (stack lookups)
         is a closure the source calls by name.
         """
@@ -1976,10 +1978,6 @@ def _assign_at(loc: Callable[[Packet, list[int]], int], s: Expr, mask: int) -> S
         p.f[loc(p, ad)] = s(p, ad) & mask
 
     return assign_at
-
-
-def _field_expr(i: int) -> Expr:
-    return lambda p, ad: p.f[i]
 
 
 def _valid_getter(h: int) -> Callable[[Packet], int]:

@@ -31,10 +31,11 @@ from p4sim.clock import VirtualClock
 
 from .capture import Capture, to_capture
 from .config import Topology
-from .frames import Encap, host_mac, mac_host, mac_port
+from .frames import Encap, host_mac, mac_host
 from .frames import frame as make_frame
 from .traffic import Timeline, wire_bytes_udp
 
+heappush = heapq.heappush
 NS = 1_000_000_000
 DEFAULT_HOST_LINK_BPS = 100e9
 DEFAULT_UPLINK_BPS = 400e9  # Amodo's BlueField-3 links
@@ -60,8 +61,11 @@ class Engine:
         """Process events up to `until_ns`."""
         heap, clock, pop = self._heap, self.clock, heapq.heappop
         n = 0
-        while heap and heap[0][0] <= until_ns:
-            t, _, fn, arg = pop(heap)
+        while heap:
+            t, seq, fn, arg = pop(heap)
+            if t > until_ns:  # popped rather than peeked at: one look at the heap per event, not two
+                heappush(heap, (t, seq, fn, arg))
+                break
             self.now_ns = t
             clock.us = t // 1000
             fn(arg)
@@ -71,7 +75,7 @@ class Engine:
         clock.us = self.now_ns // 1000
 
 
-@dataclass
+@dataclass(slots=True)
 class Link:
     """One direction of a link: FIFO serialisation at `rate_bps`, then `delay_ns` of propagation."""
 
@@ -81,13 +85,23 @@ class Link:
     delay_ns: int = 1_000
     free_at: int = 0
     bytes_sent: int = 0
+    # Serialisation time by frame length: a simulation sends few distinct lengths, and the exact
+    # integer arithmetic costs more than the lookup.
+    _serial_ns: dict[int, int] = field(default_factory=dict)
 
     def send(self, frame: bytes) -> None:
         """Queue a frame; it arrives after the queue ahead of it, its serialisation and the delay."""
-        start = max(self.engine.now_ns, self.free_at)
-        self.free_at = start + int(len(frame) * 8 * NS / self.rate_bps)
-        self.bytes_sent += len(frame)
-        self.engine.at(self.free_at + self.delay_ns, self.deliver, frame)
+        # Engine.at written out (this runs for every frame on every hop); the arrival is never in the past.
+        engine, n = self.engine, len(frame)
+        serial = self._serial_ns.get(n)
+        if serial is None:
+            serial = self._serial_ns[n] = int(n * 8 * NS / self.rate_bps)
+        now, free = engine.now_ns, self.free_at
+        free = (now if now > free else free) + serial
+        self.free_at = free
+        self.bytes_sent += n
+        engine._seq += 1
+        heappush(engine._heap, (free + self.delay_ns, engine._seq, self.deliver, frame))
 
 
 Processor = Callable[[int, bytes], list[tuple[int, bytes]]]
@@ -108,13 +122,13 @@ class Receiver:
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
-        mac = frame[6:12]
-        src = self.address_of.get(mac_host(mac), "unknown")
+        # The source MAC is frame[6:12]: mac_host and mac_port of it, read in place.
+        src = self.address_of.get((frame[7], frame[8]), "unknown")
         tl = self.bins.get(src)
         if tl is None:
             tl = self.bins[src] = Timeline(0.001)
         tl.add(t_s, len(frame))
-        port = mac_port(mac)
+        port = (frame[10] << 8) | frame[11]
         self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
         self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
 
@@ -154,6 +168,7 @@ class SimNetwork:
         self.mac_of = {h: host_mac(pi, hi + 1) for pi, p in enumerate(topo.pods) for hi, h in enumerate(p.hosts)}
         self._host_of: dict[tuple[int, int], str] = {mac_host(m): h for h, m in self.mac_of.items()}
         self._pod_of_host = {h: p.name for p in topo.pods for h in p.hosts}
+        self._pod_of_id = {mac_host(m): self._pod_of_host[h] for h, m in self.mac_of.items()}
         addresses = {mac_host(m): topo.address_of(h) for h, m in self.mac_of.items()}
         self._from_host: dict[str, Link] = {}  # a host's own link, into its limiter or its switch
         self._switch_to_host: dict[str, Link] = {}  # toward a host: into its limiter or the host itself
@@ -199,9 +214,8 @@ class SimNetwork:
                     downs.append(Link(e, ub, self._limiter_in(name, 1, outs)))
                 self._switch_up[pod.name], self._router_down[pod.name] = ups, downs
 
-    def _pod_of_mac(self, mac: bytes) -> str | None:
-        host = self._host_of.get(mac_host(mac))
-        return None if host is None else self._pod_of_host[host]
+    # Addresses are read in place: mac_host(frame[0:6]) is (frame[1], frame[2]), and of the source
+    # MAC frame[6:12], (frame[7], frame[8]).
 
     def _ecmp(self, links: list[Link], frame: bytes, pin: bool) -> Link:
         """One of parallel links for a frame: by the hash of its flow, or the flow's pinned uplink."""
@@ -213,17 +227,24 @@ class SimNetwork:
 
     def send_from(self, host: str, frame: bytes) -> None:
         """A host puts a frame on its link, or on a scale-up link when that reaches the destination."""
-        dst = self._host_of.get(mac_host(frame[0:6]))
-        bypass = self._scaleup.get((host, dst)) if dst is not None else None
-        (bypass or self._from_host[host]).send(frame)
+        if self._scaleup:
+            dst = self._host_of.get((frame[1], frame[2]))
+            bypass = self._scaleup.get((host, dst)) if dst is not None else None
+            if bypass is not None:
+                bypass.send(frame)
+                return
+        self._from_host[host].send(frame)
 
     def _switch_in(self, pod: str) -> Callable[[bytes], None]:
+        host_of, pod_of_host, pod_of_id = self._host_of, self._pod_of_host, self._pod_of_id
+        to_host, up, ecmp = self._switch_to_host, self._switch_up, self._ecmp
+
         def switch(frame: bytes) -> None:
-            dst = self._host_of.get(mac_host(frame[0:6]))
-            if dst is not None and self._pod_of_host[dst] == pod:
-                self._switch_to_host[dst].send(frame)
-            elif self._pod_of_mac(frame[6:12]) == pod:
-                self._ecmp(self._switch_up[pod], frame, True).send(frame)  # leaving the pod (or to no known host)
+            dst = host_of.get((frame[1], frame[2]))
+            if dst is not None and pod_of_host[dst] == pod:
+                to_host[dst].send(frame)
+            elif pod_of_id.get((frame[7], frame[8])) == pod:
+                ecmp(up[pod], frame, True).send(frame)  # leaving the pod (or addressed to no known host)
 
         return switch
 
@@ -245,11 +266,11 @@ class SimNetwork:
     def _router_in(self, frame: bytes) -> None:
         """A frame from a pod's uplink reaches its router: counted, then down to a pod of this router
         or up to the spine."""
-        pod = self._pod_of_mac(frame[0:6])
+        pod = self._pod_of_id.get((frame[1], frame[2]))
         if pod is None:
             self.dropped_no_route += 1
             return
-        src = self._pod_of_mac(frame[6:12])  # the port it came in on, as a router would count it
+        src = self._pod_of_id.get((frame[7], frame[8]))  # the port it came in on, as a router would count it
         here = self.router_of[src if src is not None else pod]
         if src is not None and src != pod:
             self._count(src, "egress", self.engine.now_ns / NS, len(frame))
@@ -259,7 +280,7 @@ class SimNetwork:
             self._to_spine[here].send(frame)
 
     def _spine_in(self, frame: bytes) -> None:
-        pod = self._pod_of_mac(frame[0:6])
+        pod = self._pod_of_id.get((frame[1], frame[2]))
         if pod is None:
             self.dropped_no_route += 1
             return
@@ -267,11 +288,11 @@ class SimNetwork:
 
     def _router_from_spine(self, router: str) -> Callable[[bytes], None]:
         def from_spine(frame: bytes) -> None:
-            pod = self._pod_of_mac(frame[0:6])
+            pod = self._pod_of_id.get((frame[1], frame[2]))
             if pod is None or self.router_of[pod] != router:
                 self.dropped_no_route += 1  # its pod moved to another router meanwhile
                 return
-            self._down(pod, self._pod_of_mac(frame[6:12]), frame)
+            self._down(pod, self._pod_of_id.get((frame[7], frame[8])), frame)
 
         return from_spine
 
@@ -311,16 +332,17 @@ class UdpSource:
     sent_packets: int = 0
     sent_wire_bytes: int = 0
     _seg: int = 0
+    _gaps: list[int] = field(default_factory=list)  # each segment's time between frames
 
     def start(self) -> None:
         """Schedule the first frame."""
+        self._gaps = [int(len(self.frame) * 8 * NS / rate) for _, _, rate in self.segments]
         if self.segments:
             self.net.engine.at(self.segments[0][0], self._send)
 
     def _send(self, _: object = None) -> None:
         now = self.net.engine.now_ns
-        _, end, rate = self.segments[self._seg]
-        if now >= end:
+        if now >= self.segments[self._seg][1]:
             self._seg += 1
             if self._seg < len(self.segments):
                 self.net.engine.at(self.segments[self._seg][0], self._send)
@@ -328,8 +350,7 @@ class UdpSource:
         self.net.send_from(self.host, self.frame)
         self.sent_packets += 1
         self.sent_wire_bytes += len(self.frame)
-        gap = int(len(self.frame) * 8 * NS / rate)
-        self.net.engine.at(now + gap, self._send)
+        self.net.engine.at(now + self._gaps[self._seg], self._send)
 
 
 def udp_source(

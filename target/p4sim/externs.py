@@ -59,13 +59,15 @@ class Meter:
     against one time origin, not from the last update, to avoid accumulating rounding.
     """
 
-    __slots__ = ("colors", "rates", "tokens", "tokens_last")
+    __slots__ = ("_buckets", "colors", "rates", "tokens", "tokens_last")
 
     def __init__(self) -> None:
         self.rates: tuple[MeterRate, ...] = ()
         self.tokens: list[int] = []
         self.tokens_last: list[int] = []
         self.colors: tuple[int, ...] = ()
+        # (index, info rate, burst size, colour) of each bucket, in `rates` order: what execute() reads.
+        self._buckets: tuple[tuple[int, float, int, int], ...] = ()
 
     @property
     def configured(self) -> bool:
@@ -83,6 +85,7 @@ class Meter:
         self.colors = tuple(reversed(colors))
         self.tokens = [r.burst_size for r in self.rates]
         self.tokens_last = [0 for _ in self.rates]
+        self._buckets = tuple((i, r.info_rate, r.burst_size, self.colors[i]) for i, r in enumerate(self.rates))
 
     def reset(self) -> None:
         """Back to unconfigured."""
@@ -90,24 +93,25 @@ class Meter:
         self.tokens = []
         self.tokens_last = []
         self.colors = ()
+        self._buckets = ()
 
     def execute(self, units: int, now_us: int) -> int:
         """Colour of a packet of `units` bytes (or 1 packet) at time `now_us`."""
-        rates = self.rates
-        if not rates:
+        buckets = self._buckets
+        if not buckets:
             return GREEN
         tokens = self.tokens
         last = self.tokens_last
-        for i, rate in enumerate(rates):
-            since_init = int(now_us * rate.info_rate)
+        for i, info_rate, burst_size, color in buckets:
+            since_init = int(now_us * info_rate)
             new_tokens = since_init - last[i]
             last[i] = since_init
             t = tokens[i] + new_tokens
-            if t > rate.burst_size:
-                t = rate.burst_size
+            if t > burst_size:
+                t = burst_size
             if t < units:
                 tokens[i] = t
-                return self.colors[i]
+                return color
             tokens[i] = t - units
         return GREEN
 

@@ -1,14 +1,17 @@
-"""Load a bmv2 JSON program (as p4c-bm2-ss emits it for v1model) and compile it into closures.
+"""Load a bmv2 JSON program (as p4c-bm2-ss emits it for v1model) and compile it into Python.
 
 The JSON is compiled once, at SetForwardingPipelineConfig time: every expression, primitive,
-parser state and pipeline node becomes a Python closure over precomputed field offsets, so that
-the per-packet path does no name lookups and no JSON walking. Constructs this target does not
-implement are rejected here, with the construct's name, never later at packet time.
+parser state and pipeline node becomes a Python closure over precomputed field offsets, and the
+actions, pipelines, parser and deparser are then also written out as Python source over the same
+offsets (see "generated source" below), so that the per-packet path does no name lookups, no JSON
+walking and few calls. Constructs this target does not implement are rejected here, with the
+construct's name, never later at packet time.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,21 +26,26 @@ DROP_PORT = 511  # simple_switch's default drop port; mark_to_drop sets egress_s
 
 
 class Packet:
-    """Per-packet state: header fields (flat), header validity, the unparsed payload."""
+    """Per-packet state: header fields (flat), header validity, the unparsed payload.
 
-    __slots__ = ("exited", "f", "length", "payload", "stk", "v")
+    The payload is `payload[poff:]`: the received bytes and where parsing stopped, not a copy, so
+    that a deparser emitting the headers unchanged can hand back the received bytes themselves.
+    """
+
+    __slots__ = ("exited", "f", "length", "payload", "poff", "stk", "v")
 
     def __init__(self, f: list[int], v: list[bool], length: int, stk: list[int] | None = None) -> None:
         self.f = f
         self.v = v
         self.payload = b""
+        self.poff = 0
         self.length = length
         self.exited = False
         # Each header stack's next index (bmv2 tracks it apart from the elements' validity).
         self.stk = _NO_STACKS if stk is None else stk
 
 
-_NO_STACKS: list[int] = []  # shared by programs without stacks; never written
+_NO_STACKS: list[int] = []  # shared by programs without stacks, and the empty action data; never written
 
 # simple_switch's packet instance types (standard_metadata.instance_type).
 NORMAL, INGRESS_CLONE, EGRESS_CLONE, RECIRC, REPLICATION, RESUBMIT = 0, 1, 2, 4, 5, 6
@@ -165,6 +173,8 @@ class Program:
         self.registers: dict[str, RegisterArray] = {}
         self.actions: dict[int, ActionDef] = {}
         self.tables: dict[str, TableDef] = {}
+        self._action_docs: dict[int, dict[str, Any]] = {}
+        self._table_keys: dict[str, list[str]] = {}  # a table's key components as generated source
         self._load_layout()
         self._load_errors()
         self._sm = {
@@ -219,8 +229,40 @@ class Program:
                 "egress_global_timestamp",
             )
         )
+        # Fields always hold values within their width (generated code relies on it, see _srcb); bmv2
+        # truncates what it writes into them too, such as a port number or a replica's rid.
+        self._port_mask = self._mask(self._sm["ingress_port"])
+        self._has_checksums = bool(self._list("checksums"))
+        self._egress_empty = pipelines["egress"].get("init_table") is None
+        self._memo, self._span = self._parse_memo()
         if self.replicates:
             self.process = self.process_general  # type: ignore[method-assign]
+
+    def _parse_memo(self) -> tuple[dict[int, _Parsed] | None, tuple[int, int]]:
+        """A memo of parse results for process(), when parsing depends on the packet's bytes alone.
+
+        That holds when the parser only extracts fixed headers and selects on packet header fields or
+        lookahead bits (no value sets, which the control plane changes, no metadata, no stacks) and
+        the packet headers' fields are one contiguous span of the field list. Returns (memo or None,
+        the span).
+        """
+        packet = [h for h in self.header_list if not h.metadata]
+        lo = min((h.base for h in packet), default=0)
+        hi = max((h.base + len(h.widths) for h in packet), default=0)
+        if sum(len(h.widths) for h in packet) != hi - lo or self.stacks:
+            return None, (lo, hi)
+        for st in self._list("parsers")[0].get("parse_states", []):
+            for op in st.get("parser_ops", []):
+                if op.get("op") != "extract" or op.get("parameters", [{}])[0].get("type") != "regular":
+                    return None, (lo, hi)
+            for k in st.get("transition_key", []):
+                if k.get("type") == "field" and not self.headers[k["value"][0]].metadata:
+                    continue
+                if k.get("type") != "lookahead":
+                    return None, (lo, hi)
+            if any(t.get("type", "hexstr") not in ("hexstr", "default") for t in st.get("transitions", [])):
+                return None, (lo, hi)
+        return {}, (lo, hi)
 
     @classmethod
     def from_bytes(cls, data: bytes, clock: Clock | None = None) -> Program:
@@ -342,76 +384,112 @@ class Program:
     def expr(self, node: Any, where: str) -> Expr:
         """Compile an expression node into one Python function returning an int (booleans as 0/1).
 
-        The whole expression tree becomes the source of a single lambda, so evaluating it costs one
+        The whole expression tree becomes the source of a single function, so evaluating it costs one
         call rather than one closure call per node; what cannot be written inline (stack lookups)
         is a closure the source calls by name.
         """
-        env: dict[str, Any] = {"_div": _div, "_mod": _mod}
+        env = self._env()
         code = self._src(node, where, env)
-        return eval(f"lambda p, ad: {code}", env)  # type: ignore[no-any-return]  # our own source
+        return _compile_fn("expr", "p, ad", ["f = p.f", "v = p.v", f"return {code}"], env)  # type: ignore[no-any-return]
+
+    def _const(self, node: Any, where: str) -> int:
+        """The value of an expression that must be a compile-time constant (a count, a field list id)."""
+        env = self._env()
+        try:
+            return int(eval(self._src(node, where, env), env))  # our own source
+        except NameError:
+            raise ProgramError(f"bmv2 JSON: expected a constant in {where}") from None
+
+    def _env(self) -> dict[str, Any]:
+        """A fresh namespace for generated source, holding the helpers it may call."""
+        return {
+            "_div": _div,
+            "_mod": _mod,
+            "_PA": PacketAbort,
+            "_PE": ParserError,
+            "_now": self.clock.now_us,
+            "_NOAD": _NO_STACKS,
+        }
 
     def _src(self, node: Any, where: str, env: dict[str, Any]) -> str:
+        return self._srcb(node, where, env)[0]
+
+    def _srcb(self, node: Any, where: str, env: dict[str, Any]) -> tuple[str, int | None]:
+        """An expression's source and a bound on its value's bit length (None: unknown, maybe negative).
+
+        The bound lets generated code leave out masks that cannot change the value (p4c's casts).
+        """
         if not isinstance(node, dict) or "type" not in node:
             raise ProgramError(f"bmv2 JSON: malformed expression {node!r} in {where}")
         kind: str = node["type"]
         value: Any = node.get("value")
         if kind == "field":
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
-                return f"(1 if p.v[{self._header(value[0], where).index}] else 0)"
-            return f"p.f[{self._field(value, where)}]"
+                return f"(1 if v[{self._header(value[0], where).index}] else 0)", 1
+            i = self._field(value, where)
+            return f"f[{i}]", self.field_width[i]
         if kind == "hexstr":
-            return repr(int(value, 16))
+            n = int(value, 16)
+            return repr(n), (n.bit_length() if n >= 0 else None)
         if kind == "bool":
-            return "1" if value else "0"
+            return ("1" if value else "0"), 1
         if kind in ("runtime_data", "local"):  # "local": an action parameter inside an expression
-            return f"ad[{int(value)}]"
+            return f"ad[{int(value)}]", None
         if kind == "header":
-            return f"(1 if p.v[{self._header(value, where).index}] else 0)"
+            return f"(1 if v[{self._header(value, where).index}] else 0)", 1
         if kind == "stack_field":
-            loc, _ = self._stack_field_loc(value, where)
-            return f"p.f[{_bind(env, loc)}(p, ad)]"
+            loc, width = self._stack_field_loc(value, where)
+            return f"f[{_bind(env, loc)}(p, ad)]", width
         if kind == "expression":
             # p4c sometimes wraps an expression node in another one.
             if isinstance(value, dict) and "op" not in value:
-                return self._src(value, where, env)
-            return self._op_src(value, where, env)
+                return self._srcb(value, where, env)
+            return self._op_srcb(value, where, env)
         raise UnsupportedConstruct(f"expression type {kind}", where)
 
-    def _op_src(self, node: dict[str, Any], where: str, env: dict[str, Any]) -> str:
+    def _op_srcb(self, node: dict[str, Any], where: str, env: dict[str, Any]) -> tuple[str, int | None]:
         op = node.get("op")
         left_node, right_node = node.get("left"), node.get("right")
         _no_nested_runtime_data((left_node, right_node, node.get("cond")), where)
 
-        def sub(n: Any) -> str:
-            return self._src(n, where, env)
+        def sub(n: Any) -> tuple[str, int | None]:
+            return self._srcb(n, where, env)
 
         if op in ("?", "?:"):  # bmv2 JSON's conditional operator is "?"
-            return f"({sub(left_node)} if {sub(node['cond'])} else {sub(right_node)})"
+            (a, ab), (b, bb) = sub(left_node), sub(right_node)
+            return f"({a} if {sub(node['cond'])[0]} else {b})", _both(max, ab, bb)
         if op == "valid":
             return sub(right_node)
         if op == "access_field":
-            const, dyn, _ = self.lvalue({"type": "expression", "value": node}, where)
-            return f"p.f[{const}]" if dyn is None else f"p.f[{_bind(env, dyn)}(p, ad)]"
+            const, dyn, width = self.lvalue({"type": "expression", "value": node}, where)
+            return (f"f[{const}]" if dyn is None else f"f[{_bind(env, dyn)}(p, ad)]"), width
         if op in ("last_stack_index", "size"):
             k = self._stack(right_node.get("value") if isinstance(right_node, dict) else None, where).index
             # bmv2's SIZE_STACK is the stack's count (its next index), not its depth
-            return f"p.stk[{k}]" if op == "size" else f"(p.stk[{k}] - 1)"
+            return (f"p.stk[{k}]" if op == "size" else f"(p.stk[{k}] - 1)"), None
         if op in ("d2b", "b2d"):
-            return f"(1 if {sub(right_node)} else 0)"
+            a, ab = sub(right_node)
+            return (a, 1) if ab is not None and ab <= 1 else (f"(1 if {a} else 0)", 1)  # 0 or 1 already
         if op == "not":
-            return f"(0 if {sub(right_node)} else 1)"
+            return f"(0 if {sub(right_node)[0]} else 1)", 1
         if op == "~" and left_node is None:
-            return f"(~{sub(right_node)})"
+            return f"(~{sub(right_node)[0]})", None
         if op == "-" and left_node is None:
-            return f"(-{sub(right_node)})"
+            return f"(-{sub(right_node)[0]})", None
         if op == "two_comp_mod":
-            width = int(eval(sub(right_node), {}))  # a constant in our own source
+            width = int(eval(sub(right_node)[0], {}))  # a constant in our own source
             mask, sign = (1 << width) - 1, 1 << (width - 1)
-            return f"((({sub(left_node)} & {mask}) ^ {sign}) - {sign})"
+            return f"((({sub(left_node)[0]} & {mask}) ^ {sign}) - {sign})", None
         template = _BINARY.get(op or "")
         if template is None:
             raise UnsupportedConstruct(f"operator {op}", where)
-        return template.format(a=sub(left_node), b=sub(right_node))
+        (a, ab), (b, bb) = sub(left_node), sub(right_node)
+        if op == "&":  # a mask wider than the other operand's value changes nothing
+            if _is_mask(b) and ab is not None and ab <= int(b).bit_length():
+                return a, ab
+            if _is_mask(a) and bb is not None and bb <= int(a).bit_length():
+                return b, bb
+        return template.format(a=a, b=b), _bits(op or "", ab, bb, b)
 
     # ---------------------------------------------------------------- header stacks
 
@@ -491,7 +569,7 @@ class Program:
 
     def _stack_shift(self, stack: Any, count: Any, push: bool, where: str) -> Stmt:
         st = self._stack(stack.get("value") if isinstance(stack, dict) else None, where)
-        num = int(self.expr(count, where)(None, []))  # type: ignore[arg-type]
+        num = self._const(count, where)
         size, k = len(st.elements), st.index
         spans = [(e.index, e.base, e.base + len(e.widths)) for e in st.elements]
 
@@ -641,7 +719,7 @@ class Program:
     def _replication_primitive(self, op: str, params: list[Any], where: str) -> Stmt:
         self.replicates = True
         if op in ("resubmit", "recirculate"):
-            fl = int(self.expr(params[0], where)(None, [])) if params else 0  # type: ignore[arg-type]
+            fl = self._const(params[0], where) if params else 0
             if fl and fl not in self.field_lists:
                 raise ProgramError(f"bmv2 JSON: unknown field list {fl} in {where}")
 
@@ -653,7 +731,7 @@ class Program:
 
             return resubmit if op == "resubmit" else recirculate
         session = self.expr(params[0], where)
-        fl = int(self.expr(params[1], where)(None, [])) if len(params) > 1 else 0  # type: ignore[arg-type]
+        fl = self._const(params[1], where) if len(params) > 1 else 0
         if fl and fl not in self.field_lists:
             raise ProgramError(f"bmv2 JSON: unknown field list {fl} in {where}")
 
@@ -713,20 +791,6 @@ class Program:
     def _sm_field(self, name: str) -> int:
         return self._sm[name]
 
-    def _body(self, prims: list[dict[str, Any]], where: str) -> Stmt:
-        ops = [(p.get("op"), p) for p in prims]
-        if any(op in ("_jump", "_jump_if_zero") for op, _ in ops):
-            return self._body_with_jumps(prims, where)
-        stmts = [self._primitive(p, where) for p in prims]
-
-        def body(p: Packet, ad: list[int]) -> None:
-            for s in stmts:
-                s(p, ad)
-                if p.exited:
-                    return
-
-        return body
-
     def _body_with_jumps(self, prims: list[dict[str, Any]], where: str) -> Stmt:
         # p4c lowers if-statements inside actions to _jump/_jump_if_zero with absolute offsets.
         program: list[tuple[int, Any, Any]] = []
@@ -759,17 +823,18 @@ class Program:
     def _load_actions(self) -> None:
         for a in self._list("actions"):
             where = f"action {a.get('name')}"
+            self._action_docs[int(a["id"])] = a
             self.actions[int(a["id"])] = ActionDef(
                 id=int(a["id"]),
                 name=a["name"],
                 param_widths=[int(r["bitwidth"]) for r in a.get("runtime_data", [])],
                 param_names=[r["name"] for r in a.get("runtime_data", [])],
-                body=self._body(a.get("primitives", []), where),
+                body=self._action_fn(a.get("primitives", []), where),
             )
 
     # ---------------------------------------------------------------- parser and deparser
 
-    def _load_parser(self) -> Callable[[Packet, bytes], None]:
+    def _load_parser(self) -> Callable[[Packet, bytes], bool]:
         parsers = self._list("parsers")
         if len(parsers) != 1:
             raise ProgramError(f"bmv2 JSON: expected one parser, found {len(parsers)}")
@@ -782,8 +847,15 @@ class Program:
         init = pdef.get("init_state")
         if init not in states:
             raise ProgramError(f"bmv2 JSON: parser init_state {init!r} is not a state")
+        for st in pdef.get("parse_states", []):
+            for t in st.get("transitions", []):
+                if t.get("next_state") is not None and t["next_state"] not in states:
+                    raise ProgramError(f"bmv2 JSON: parser state {st['name']} goes to unknown {t['next_state']!r}")
+        generated = self._generate_parser(pdef, too_short, perr)
+        if generated is not None:
+            return generated
 
-        def parse(p: Packet, data: bytes) -> None:
+        def parse(p: Packet, data: bytes) -> bool:
             state: str | None = init
             off = 0
             try:
@@ -792,8 +864,10 @@ class Program:
             except ParserError as err:
                 if perr >= 0:
                     p.f[perr] = err.code
-                off = err.offset
-            p.payload = data[off:]
+                p.payload, p.poff = data, err.offset
+                return False
+            p.payload, p.poff = data, off
+            return True
 
         return parse
 
@@ -998,24 +1072,7 @@ class Program:
             raise ProgramError(f"bmv2 JSON: expected one deparser, found {len(deparsers)}")
         if deparsers[0].get("primitives"):
             raise UnsupportedConstruct("deparser primitives", "deparser")
-        emitters = []
-        for name in deparsers[0].get("order", []):
-            h = self._header(name, "deparser")
-            emitters.append((h.index, h.base, len(h.widths), list(h.widths), h.nbytes))
-
-        def deparse(p: Packet) -> bytes:
-            out = []
-            f, v = p.f, p.v
-            for hidx, base, n, widths, nbytes in emitters:
-                if v[hidx]:
-                    value = 0
-                    for j in range(n):
-                        value = (value << widths[j]) | f[base + j]
-                    out.append(value.to_bytes(nbytes, "big"))
-            out.append(p.payload)
-            return b"".join(out)
-
-        return deparse
+        return self._generate_deparser([self._header(name, "deparser") for name in deparsers[0].get("order", [])])
 
     def calculation(self, name: Any, where: str) -> Callable[[Packet], int]:
         """Compile a named calculation: its input as bmv2's BufBuilder lays it out, then its algorithm."""
@@ -1072,11 +1129,13 @@ class Program:
     def _load_pipeline(self, pipe: dict[str, Any]) -> Callable[[Packet], None]:
         pname = pipe.get("name", "?")
         nodes: dict[str, Callable[[Packet], str | None]] = {}
+        tables: dict[str, TableDef] = {}
         for t in pipe.get("tables", []):
             tdef = self._load_table(t, pname)
-            self.tables[tdef.name] = tdef
+            self.tables[tdef.name] = tables[tdef.name] = tdef
             nodes[tdef.name] = self._table_node(tdef)
-        for c in pipe.get("conditionals", []):
+        conds = {c["name"]: c for c in pipe.get("conditionals", [])}
+        for c in conds.values():
             nodes[c["name"]] = self._conditional_node(c, pname)
         init = pipe.get("init_table")
         if init is not None and init not in nodes:
@@ -1085,7 +1144,15 @@ class Program:
             for nxt in list(t.get("next_tables", {}).values()) + [t.get("base_default_next")]:
                 if nxt is not None and nxt not in nodes:
                     raise ProgramError(f"bmv2 JSON: table {t['name']} continues to unknown node {nxt!r}")
+        for c in conds.values():
+            for nxt in (c.get("true_next"), c.get("false_next")):
+                if nxt is not None and nxt not in nodes:
+                    raise ProgramError(f"bmv2 JSON: conditional {c['name']} continues to unknown node {nxt!r}")
+        generated = self._generate_pipeline(pname, init, tables, conds)
+        if generated is not None:
+            return generated
 
+        # The interpreter, for control flow too tangled to write out (see _generate_pipeline).
         def run(p: Packet) -> None:
             node = init
             while node is not None and not p.exited:
@@ -1112,6 +1179,7 @@ class Program:
         key_fields: list[KeyField] = []
         getters: list[Callable[[Packet], int]] = []
         names: list[str] = []
+        srcs: list[str] = []
         for k in t.get("key", []):
             mt = k.get("match_type")
             if mt not in ("exact", "lpm", "ternary", "range", "optional", "valid"):
@@ -1121,13 +1189,16 @@ class Program:
                 h = self._header(target, where)
                 key_fields.append(KeyField(mt, 1))
                 getters.append(_valid_getter(h.index))
+                srcs.append(f"(1 if v[{h.index}] else 0)")
             else:
                 i = self._field(target, where)
                 width = self.field_width[i]
                 getters.append(_field_getter(i, int(k["mask"], 16) if k.get("mask") else -1))
+                srcs.append(f"(f[{i}] & {int(k['mask'], 16)})" if k.get("mask") else f"f[{i}]")
                 key_fields.append(KeyField(mt, width))
             names.append(k.get("name", ""))
         key_fn = _key_fn(getters)
+        self._table_keys[t["name"]] = srcs
         table = Table(t["name"], key_fields, int(t.get("max_size", 1024)))
         action_ids = [int(a) for a in t.get("action_ids", [])]
         for aid in action_ids:
@@ -1264,6 +1335,405 @@ class Program:
 
         return apply_metered
 
+    # ---------------------------------------------------------------- generated source
+    #
+    # Actions, pipelines, the parser and the deparser are also written out as Python source and
+    # exec'd once here, so that a packet runs a few flat functions: expressions inline, conditionals
+    # as `if`, keyless tables as their default action's statements, header fields unpacked in place.
+    # The closures above remain the reference building blocks: generated code calls them for what it
+    # does not write inline (stacks, hashes, clones, value sets).
+
+    def _primitive_src(self, prim: dict[str, Any], where: str, env: dict[str, Any]) -> list[str]:
+        """Source lines for one primitive; `f`, `v`, `p` and `ad` are in scope, `return` means exit."""
+        op = prim.get("op")
+        params = prim.get("parameters", [])
+        here = f"{where}: primitive {op}"
+        if op in ("assign", "modify_field") and params[0].get("type") != "header":
+            i, loc, width = self.lvalue(params[0], here)
+            if loc is not None:
+                return [f"{_bind(env, self._primitive(prim, where))}(p, ad)"]
+            if i == self._sm.get("mcast_grp", -1) >= 0:
+                self.replicates = True
+            code, bits = self._srcb(params[1], here, env)
+            if bits is not None and bits <= width:
+                return [f"f[{i}] = {code}"]  # a value no wider than the destination needs no mask
+            return [f"f[{i}] = {_masked(code, (1 << width) - 1)}"]
+        if op in ("mark_to_drop", "drop"):
+            mg = self._sm.get("mcast_grp", -1)
+            return [f"f[{self._sm['egress_spec']}] = {DROP_PORT}"] + ([f"f[{mg}] = 0"] if mg >= 0 else [])
+        if op in ("add_header", "setValid") and params[0].get("type") == "header":
+            h = self._header(params[0].get("value"), here)
+            n = len(h.widths)
+            env[f"_Z{n}"] = (0,) * n
+            return [f"if not v[{h.index}]:", f"    f[{h.base}:{h.base + n}] = _Z{n}", f"    v[{h.index}] = True"]
+        if op in ("remove_header", "setInvalid") and params[0].get("type") == "header":
+            return [f"v[{self._header(params[0].get('value'), here).index}] = False"]
+        if op == "exit":
+            return ["p.exited = True", "return"]
+        if op in ("no_op", "log_msg"):
+            return []
+        # Indexed externs inline their arrays' own bounds rules (see externs.py): out of range, a meter
+        # gives green, a counter and a register write do nothing, a register read gives 0. A constant
+        # index (a single cell, as most of limiter.p4's registers) is checked here instead.
+        if op == "execute_meter":
+            marr = self._extern(self.meters, params[0], here)
+            m, out = _bind(env, marr), self._field(params[2].get("value"), here)
+            units = "p.length" if marr.unit == "bytes" else "1"
+            lines, cell, ok = _index(self._src(params[1], here, env), marr.size)
+            color = "0" if ok == "False" else f"{m}.cells[{cell}].execute({units}, _now())"
+            color = f"({color} if {ok} else 0)" if ok not in ("True", "False") else color
+            return [*lines, f"f[{out}] = {_masked(color, self._mask(out))}"]
+        if op == "count":
+            carr = self._extern(self.counters, params[0], here)
+            c = _bind(env, carr)
+            lines, cell, ok = _index(self._src(params[1], here, env), carr.size)
+            return [*lines, *_guarded(ok, f"{c}.packets[{cell}] += 1; {c}.bytes[{cell}] += p.length")]
+        if op == "register_read":
+            out = self._field(params[0].get("value"), here)
+            rarr = self._extern(self.registers, params[1], here)
+            lines, cell, ok = _index(self._src(params[2], here, env), rarr.size)
+            value = "0" if ok == "False" else f"{_bind(env, rarr)}.values[{cell}]"
+            value = f"({value} if {ok} else 0)" if ok not in ("True", "False") else value
+            return [*lines, f"f[{out}] = {_masked(value, self._mask(out))}"]
+        if op == "register_write":
+            rarr = self._extern(self.registers, params[0], here)
+            lines, cell, ok = _index(self._src(params[1], here, env), rarr.size)
+            value, bits = self._srcb(params[2], here, env)
+            fits = bits is not None and bits <= rarr.mask.bit_length()
+            store = f"{_bind(env, rarr)}.values[{cell}] = {'_w' if fits else f'_w & {rarr.mask}'}"
+            return [*lines, f"_w = {value}", *_guarded(ok, store)]
+        if op in ("assert", "assume"):
+            return [f"if not {self._cond_src(params[0], here, env)}:", f"    raise _PA({op + ' failed'!r})"]
+        return [f"{_bind(env, self._primitive(prim, where))}(p, ad)"]
+
+    def _mask(self, i: int) -> int:
+        return (1 << self.field_width[i]) - 1
+
+    def _cond_src(self, node: Any, where: str, env: dict[str, Any]) -> str:
+        """Source whose truth is a boolean expression's (no 0/1 conversion where a bool will do)."""
+        if isinstance(node, dict) and node.get("type") == "expression":
+            value = node.get("value") if isinstance(node.get("value"), dict) else {}
+            assert isinstance(value, dict)
+            if value and "op" not in value:
+                return self._cond_src(value, where, env)
+            op = value.get("op")
+            if op in _COMPARE:
+                _no_nested_runtime_data((value["left"], value["right"]), where)
+                a, b = self._src(value["left"], where, env), self._src(value["right"], where, env)
+                return f"({a} {op} {b})"
+            if op in ("and", "or"):
+                a, b = self._cond_src(value["left"], where, env), self._cond_src(value["right"], where, env)
+                return f"({a} {op} {b})"
+            if op == "not":
+                return f"(not {self._cond_src(value['right'], where, env)})"
+            if op in ("d2b", "valid"):
+                return self._cond_src(value["right"], where, env)
+        if isinstance(node, dict) and node.get("type") in ("field", "header"):
+            ref = node.get("value")
+            if node["type"] == "header":
+                return f"v[{self._header(ref, where).index}]"
+            if isinstance(ref, list) and len(ref) == 2 and ref[1] == "$valid$":
+                return f"v[{self._header(ref[0], where).index}]"
+        return self._src(node, where, env)
+
+    def _action_fn(self, prims: list[dict[str, Any]], where: str) -> Stmt:
+        """An action body as one generated function (bodies with jumps keep the interpreter loop)."""
+        if any(p.get("op") in ("_jump", "_jump_if_zero") for p in prims):
+            return self._body_with_jumps(prims, where)
+        env = self._env()
+        lines = [line for prim in prims for line in self._primitive_src(prim, where, env)]
+        return _compile_fn("action", "p, ad", ["f = p.f", "v = p.v", *lines], env)  # type: ignore[no-any-return]
+
+    def _action_lines(self, aid: int, env: dict[str, Any]) -> list[str]:
+        """An action's statements for inlining where `ad` holds its data."""
+        a = self._action_docs[aid]
+        where = f"action {a.get('name')}"
+        prims = a.get("primitives", [])
+        if any(p.get("op") in ("_jump", "_jump_if_zero") for p in prims):
+            lines = [f"{_bind(env, self.actions[aid].body)}(p, ad)"]
+            return lines + (["if p.exited:", "    return"] if self._exits(aid) else [])
+        return [line for prim in prims for line in self._primitive_src(prim, where, env)]
+
+    def _exits(self, aid: int) -> bool:
+        return any(p.get("op") == "exit" for p in self._action_docs[aid].get("primitives", []))
+
+    def _generate_pipeline(
+        self, pname: str, init: str | None, tables: dict[str, TableDef], conds: dict[str, dict[str, Any]]
+    ) -> Callable[[Packet], None] | None:
+        """The pipeline as one generated function, or None if its control flow would not fit.
+
+        The graph of tables and conditionals is a DAG; each branching node's branches are written
+        inside an `if` up to the node's immediate post-dominator, where they join again, so each
+        node is written once for structured control flow (p4c's output) and duplicated otherwise.
+        """
+        succ: dict[str, list[str | None]] = {}
+        for name, c in conds.items():
+            succ[name] = [c.get("true_next"), c.get("false_next")]
+        for name, tdef in tables.items():
+            if tdef.uses_hit_miss:
+                succ[name] = [tdef.next_hit, tdef.next_miss]
+            else:
+                succ[name] = list(dict.fromkeys(tdef.next_by_action.values())) or [None]
+        order = _postorder(init, succ)
+        if order is None:
+            return None
+        ipdom: dict[str | None, str | None] = {}
+
+        def chain(n: str | None) -> list[str | None]:
+            out = [n]
+            while n is not None:
+                n = ipdom[n]
+                out.append(n)
+            return out
+
+        for n in order:
+            distinct = list(dict.fromkeys(succ[n]))
+            if len(distinct) == 1:
+                ipdom[n] = distinct[0]
+            else:
+                others = [set(chain(s)) for s in distinct[1:]]
+                ipdom[n] = next(x for x in chain(distinct[0]) if all(x in o for o in others))
+        env = self._env()
+        env["_A"] = {aid: a.body for aid, a in self.actions.items()}
+        lines: list[str] = []
+
+        def emit(text: str, ind: int) -> None:
+            if len(lines) > _MAX_LINES:
+                raise _TooBig
+            lines.append("    " * ind + text)
+
+        def region(n: str | None, stop: str | None, ind: int) -> None:
+            start = len(lines)
+            while n is not None and n != stop:
+                join = ipdom[n]
+                if n in conds:
+                    where = f"conditional {n} in {pname}"
+                    emit(f"if {self._cond_src(conds[n]['expression'], where, env)}:", ind)
+                    region(succ[n][0], join, ind + 1)
+                    emit("else:", ind)
+                    region(succ[n][1], join, ind + 1)
+                else:
+                    self._table_src(tables[n], env, emit, ind)
+                    branches = list(dict.fromkeys(succ[n]))
+                    if len(branches) > 1:
+                        self._table_branches(tables[n], succ[n], join, ind, emit, region)
+                n = join
+            if len(lines) == start:
+                emit("pass", ind)
+
+        try:
+            region(init, None, 0)
+        except _TooBig:
+            return None
+        # `ad` starts empty for inlined actions without parameters whose helpers take it all the same.
+        return _compile_fn(f"pipeline_{pname}", "p", ["f = p.f", "v = p.v", "ad = _NOAD", *lines], env)  # type: ignore[no-any-return]
+
+    def _table_branches(
+        self,
+        tdef: TableDef,
+        nexts: list[str | None],
+        join: str | None,
+        ind: int,
+        emit: Callable[[str, int], None],
+        region: Callable[[str | None, str | None, int], None],
+    ) -> None:
+        """The `if` over a table's hit/miss or the action it ran, each branch up to `join`."""
+        if tdef.uses_hit_miss:
+            emit("if e is not None:", ind)
+            region(nexts[0], join, ind + 1)
+            emit("else:", ind)
+            region(nexts[1], join, ind + 1)
+            return
+        groups: dict[str | None, list[int]] = {}
+        for aid, nxt in tdef.next_by_action.items():
+            groups.setdefault(nxt, []).append(aid)
+        items = list(groups.items())
+        for k, (nxt, aids) in enumerate(items):
+            if k == len(items) - 1:
+                emit("else:", ind)
+            else:
+                emit(f"{'if' if k == 0 else 'elif'} aid in {tuple(aids)!r}:", ind)
+            region(nxt, join, ind + 1)
+
+    def _table_src(self, tdef: TableDef, env: dict[str, Any], emit: Callable[[str, int], None], ind: int) -> None:
+        """A table's application: lookup, direct counter and meter, then its action, inline.
+
+        Afterwards `e` is the entry hit (None on a miss) and `aid` the action run. A keyless table
+        with a const default action (p4c's tbl_* for statements outside actions) runs that action's
+        statements directly while it holds no entry.
+        """
+        fast = not tdef.key_names and not tdef.const_entries and tdef.default_const and tdef.direct_meter is None
+        if fast:
+            emit(f"if {_bind(env, tdef.table.entries)}:", ind)
+            self._table_general(tdef, env, emit, ind + 1)
+            emit("else:", ind)
+            aid = tdef.default_action_id
+            emit(f"e = None; aid = {aid}", ind + 1)
+            if tdef.default_action_data or self.actions[aid].param_widths:
+                emit(f"ad = {_bind(env, tdef.default_action_data)}", ind + 1)
+            for line in self._action_lines(aid, env):
+                emit(line, ind + 1)
+        else:
+            self._table_general(tdef, env, emit, ind)
+
+    def _table_general(self, tdef: TableDef, env: dict[str, Any], emit: Callable[[str, int], None], ind: int) -> None:
+        t, d = _bind(env, tdef.table), _bind(env, tdef)
+        emit(f"e = {t}.lookup({_key_src(self._table_keys[tdef.name])})", ind)
+        emit("if e is None:", ind)
+        emit(f"aid = {d}.default_action_id; ad = {d}.default_action_data", ind + 1)
+        emit("else:", ind)
+        emit("aid = e.action_id; ad = e.action_data", ind + 1)
+        if tdef.with_counters:
+            emit("e.packets += 1; e.bytes += p.length", ind + 1)
+        dm = tdef.direct_meter
+        if dm is not None:
+            # bmv2 executes a direct meter only on a hit, before the action, into the meter's result field.
+            units = "p.length" if dm.unit == "bytes" else "1"
+            omask = (1 << self.field_width[dm.result]) - 1
+            emit("m = e.meter", ind + 1)
+            emit(f"f[{dm.result}] = (m.execute({units}, _now()) if m is not None else 0) & {omask}", ind + 1)
+        aids = list(dict.fromkeys(tdef.action_ids))
+        if len(aids) > _MAX_INLINE_ACTIONS:
+            emit("_A[aid](p, ad)", ind)
+            if any(self._exits(a) for a in {*aids, tdef.default_action_id}):
+                emit("if p.exited:", ind)
+                emit("return", ind + 1)
+            return
+        for k, aid in enumerate(aids):
+            emit(f"{'if' if k == 0 else 'elif'} aid == {aid}:", ind)
+            for line in self._action_lines(aid, env) or ["pass"]:
+                emit(line, ind + 1)
+        # Any other action id (a default no entry names): called, as the interpreter would.
+        other = ind + 1 if aids else ind
+        if aids:
+            emit("else:", ind)
+        emit("_A[aid](p, ad)", other)
+        emit("if p.exited:", other)
+        emit("return", other + 1)
+
+    def _generate_parser(
+        self, pdef: dict[str, Any], too_short: int, perr: int
+    ) -> Callable[[Packet, bytes], bool] | None:
+        """The parser as one generated function with its states inline, or None for loops (stacks).
+
+        Like the interpreter's, it returns whether parsing ended without a parser error.
+        """
+        states = {st["name"]: st for st in pdef.get("parse_states", [])}
+        env = self._env()
+        lines: list[str] = []
+
+        def emit(text: str, ind: int) -> None:
+            if len(lines) > _MAX_LINES:
+                raise _TooBig
+            lines.append("    " * ind + text)
+
+        def state(name: str | None, ind: int, path: tuple[str, ...]) -> None:
+            if name is None:
+                emit("pass", ind)  # accept
+                return
+            if name in path:
+                raise _TooBig  # a loop: the interpreter's state machine runs it
+            st = states[name]
+            where = f"parser state {name}"
+            for op in st.get("parser_ops", []):
+                for line in self._parser_op_src(op, where, too_short, env):
+                    emit(line, ind)
+            transitions = [self._transition(t, where) for t in st.get("transitions", [])]
+            keys = [self._transition_key(k, where) for k in st.get("transition_key", [])]
+            if keys and transitions:
+                key = ckey = ""
+                for (fn, width), kdoc in zip(keys, st.get("transition_key", []), strict=True):
+                    field = kdoc.get("type") == "field"
+                    call = f"f[{self._field(kdoc['value'], where)}]" if field else f"{_bind(env, fn)}(p, data, off)"
+                    key = call if not key else f"(({key}) << {(width + 7) // 8 * 8}) | {call}"
+                    ckey = call if not ckey else f"(({ckey}) << {width}) | {call}"
+                emit(f"k = {key}", ind)
+                if any(t[0] == 1 for t in transitions):
+                    emit(f"ck = {ckey}", ind)
+            for k, (kind, value, mask, nxt, vset) in enumerate(transitions):
+                word = "if" if k == 0 else "elif"
+                if kind == 0 and value is None:
+                    if k == 0:
+                        state(nxt, ind, path + (name,))
+                    else:
+                        emit("else:", ind)
+                        state(nxt, ind + 1, path + (name,))
+                    return
+                if kind == 0:
+                    test = f"k == {value}" if mask == -1 else f"k & {mask} == {value}"
+                else:
+                    test = f"{_bind(env, vset)}.matches(ck, {mask})"
+                emit(f"{word} {test}:", ind)
+                state(nxt, ind + 1, path + (name,))
+            if not transitions:
+                emit("pass", ind)
+
+        try:
+            state(pdef.get("init_state"), 1, ())
+        except _TooBig:
+            return None
+        body = ["f = p.f", "v = p.v", "ad = _NOAD", "n = len(data)", "off = 0", "try:", *lines, "except _PE as err:"]
+        if perr >= 0:
+            body.append(f"    f[{perr}] = err.code")
+        body += [
+            "    p.payload, p.poff = data, err.offset",
+            "    return False",
+            "p.payload, p.poff = data, off",
+            "return True",
+        ]
+        return _compile_fn("parse", "p, data", body, env)  # type: ignore[no-any-return]
+
+    def _parser_op_src(self, op: dict[str, Any], where: str, too_short: int, env: dict[str, Any]) -> list[str]:
+        """Source lines for one parser op; `off` is the parser's offset into `data` (`n` bytes)."""
+        kind = op.get("op")
+        params = op.get("parameters", [])
+        if kind == "extract" and params[0].get("type") == "regular":
+            h = self._header(params[0]["value"], where)
+            lines = [f"end = off + {h.nbytes}", "if end > n:", f"    raise _PE({too_short}, off)"]
+            fmt, units = _struct_layout(h.widths)
+            names = [f"u{k}" for k in range(len(fmt) - 1)]
+            if names:
+                lines.append(f"{', '.join(names)}, = {_bind(env, struct.Struct(fmt).unpack_from)}(data, off)")
+            for sizes, fields in units:
+                unit, names = _joined(names[: len(sizes)], sizes), names[len(sizes) :]
+                if len(fields) > 1 and len(sizes) > 1:
+                    lines.append(f"x = {unit}")
+                    unit = "x"
+                for j, pos, w in fields:
+                    first = pos + w == sum(sizes) * 8  # the unit's top bits need no mask
+                    value = f"({unit} >> {pos})" if pos else unit
+                    lines.append(f"f[{h.base + j}] = {value if first else f'{value} & {(1 << w) - 1}'}")
+            return [*lines, f"v[{h.index}] = True", "off = end"]
+        if kind == "set" and params[1].get("type") != "lookahead":
+            return self._primitive_src({"op": "assign", "parameters": params}, where, env)
+        if kind == "verify":
+            cond, code = self._cond_src(params[0], where, env), self._src(params[1], where, env)
+            return [f"if not {cond}:", f"    raise _PE({code}, off)"]
+        return [f"off = {_bind(env, self._parser_op(op, where, too_short))}(p, data, off)"]
+
+    def _generate_deparser(self, order: list[HeaderLayout]) -> Callable[[Packet], bytes]:
+        """The deparser as one generated function: each valid header packed from its fields."""
+        env = self._env()
+        env["_deparsed"] = _deparsed
+        lines = ["f = p.f", "v = p.v", "parts = []"]
+        for h in order:
+            fmt, units = _struct_layout(h.widths)
+            args = []
+            for sizes, fields in units:
+                terms = [f"(f[{h.base + j}] << {pos})" if pos else f"f[{h.base + j}]" for j, pos, _ in fields]
+                value = terms[0] if len(terms) == 1 else f"({' | '.join(terms)})"
+                shift = sum(sizes) * 8
+                for k, size in enumerate(sizes):  # a unit wider than one struct code is split over several
+                    shift -= size * 8
+                    part = f"({value} >> {shift})" if shift else value
+                    args.append(part if k == 0 else f"{part} & {(1 << size * 8) - 1}")  # the top part needs no mask
+            lines += [
+                f"if v[{h.index}]:",
+                f"    parts.append({_bind(env, struct.Struct(fmt).pack)}({', '.join(args)}))",
+            ]
+        lines.append("return _deparsed(parts, p.payload, p.poff)")
+        return _compile_fn("deparse", "p", lines, env)  # type: ignore[no-any-return]
+
     # ---------------------------------------------------------------- packet processing
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
@@ -1271,16 +1741,31 @@ class Program:
         ip, pl, igt, es, ep, egt = self._fast_idx
         stk = self.template_stk
         n = len(data)
-        p = Packet(self.template_f.copy(), self.template_v.copy(), n, stk.copy() if stk else None)
-        f = p.f
-        f[ip] = port
+        memo, (lo, hi) = self._memo, self._span
+        # The same bytes object again (a simulation resends one frame): its parse is taken from the memo.
+        parsed = memo.get(id(data)) if memo is not None else None
+        if parsed is not None and parsed.data is data:
+            p = Packet(parsed.start.copy(), parsed.valid.copy(), n, stk.copy() if stk else None)
+            f = p.f
+            p.payload, p.poff = data, parsed.off
+        else:
+            parsed = None
+            p = Packet(self.template_f.copy(), self.template_v.copy(), n, stk.copy() if stk else None)
+            f = p.f
+        f[ip] = port & self._port_mask
         if pl >= 0:
             f[pl] = n
         if igt >= 0:
             f[igt] = self.clock.now_us()
         try:
-            self.parser(p, data)
-            self.verify_checksums(p, [])
+            if parsed is None and self.parser(p, data) and memo is not None and data.__class__ is bytes:
+                if len(memo) >= _MEMO_SIZE:
+                    memo.clear()
+                start = self.template_f.copy()
+                start[lo:hi] = f[lo:hi]
+                memo[id(data)] = _Parsed(data, start, lo, hi, p.v.copy(), p.poff)  # it holds data: the id stays its
+            if self._has_checksums:
+                self.verify_checksums(p, _NO_STACKS)
             self.ingress(p)
             egress_spec = f[es]
             if egress_spec == DROP_PORT:
@@ -1290,10 +1775,18 @@ class Program:
             f[es] = self._egress_spec_init
             if egt >= 0:
                 f[egt] = self.clock.now_us()
-            self.egress(p)
+            if not self._egress_empty:
+                self.egress(p)
             if f[es] == DROP_PORT:
                 return []
-            self.update_checksums(p, [])
+            if self._has_checksums:
+                self.update_checksums(p, _NO_STACKS)
+            # Headers as parsed from the memo's bytes: the deparser would emit those bytes (checked once).
+            if parsed is not None and p.v == parsed.valid and f[lo:hi] == parsed.fields:
+                if parsed.same is None:
+                    parsed.same = self.deparse(p) == data
+                if parsed.same:
+                    return [(egress_spec, data)]
             return [(egress_spec, self.deparse(p))]
         except PacketAbort:
             return []
@@ -1320,7 +1813,7 @@ class Program:
         p = RPacket(self.template_f.copy(), self.template_v.copy(), len(data), stk.copy() if stk else None)
         f, sm = p.f, self._sm
         if preserved is None:  # received from a port
-            f[sm["ingress_port"]] = port
+            f[sm["ingress_port"]] = port & self._port_mask
             if sm["ingress_global_timestamp"] >= 0:
                 f[sm["ingress_global_timestamp"]] = self.clock.now_us()
         else:  # resubmitted or recirculated: metadata reset, then the field list copied over
@@ -1347,7 +1840,7 @@ class Program:
     @staticmethod
     def _copy(p: RPacket) -> RPacket:
         q = RPacket(p.f.copy(), p.v.copy(), p.length, p.stk.copy() if p.stk else None)
-        q.payload = p.payload
+        q.payload, q.poff = p.payload, p.poff
         return q
 
     def _replicate(self, p: RPacket, replicas: list[tuple[int, int]], egress_q: deque[tuple[int, RPacket]]) -> None:
@@ -1355,7 +1848,7 @@ class Program:
         for eport, r in replicas:
             q = self._copy(p)
             if rid >= 0:
-                q.f[rid] = r
+                q.f[rid] = r & self._mask(rid)
             egress_q.append((eport, q))
 
     def _ingress_step(
@@ -1487,10 +1980,6 @@ def _assign_at(loc: Callable[[Packet, list[int]], int], s: Expr, mask: int) -> S
     return assign_at
 
 
-def _field_expr(i: int) -> Expr:
-    return lambda p, ad: p.f[i]
-
-
 def _valid_getter(h: int) -> Callable[[Packet], int]:
     return lambda p: 1 if p.v[h] else 0
 
@@ -1548,6 +2037,172 @@ def _update_stmt(compute: Callable[[Packet], int], target: int, mask: int, cond:
             p.f[target] = compute(p) & mask
 
     return update
+
+
+class _Parsed:
+    """A memoised parse (Program.process): the bytes; the field list after parsing them (metadata as in
+    the template) and the packet headers' part of it; all validity bits after parsing; where parsing
+    stopped; and whether deparsing those headers gives the bytes back."""
+
+    __slots__ = ("data", "fields", "off", "same", "start", "valid")
+
+    def __init__(self, data: bytes, start: list[int], lo: int, hi: int, valid: list[bool], off: int) -> None:
+        self.data = data
+        self.start = start
+        self.fields = start[lo:hi]
+        self.valid = valid
+        self.off = off
+        self.same: bool | None = None
+
+
+_MEMO_SIZE = 64  # distinct frames memoised per program; the memo starts over when full
+
+
+class _TooBig(Exception):
+    """Generated source would grow past _MAX_LINES (or loop): the interpreter runs that part."""
+
+
+_MAX_LINES = 20_000
+_MAX_INLINE_ACTIONS = 4  # tables with more actions call the action's function instead of inlining all
+_COMPARE = {"==", "!=", ">", ">=", "<", "<="}
+
+
+def _compile_fn(name: str, args: str, lines: list[str], env: dict[str, Any]) -> Any:
+    """exec one generated function (our own source) in `env` and return it."""
+    src = f"def {name}({args}):\n" + "".join(f"    {line}\n" for line in lines)
+    exec(compile(src, f"<p4sim {name}>", "exec"), env)
+    return env[name]
+
+
+def _masked(code: str, mask: int) -> str:
+    """`code & mask`, computed now when `code` names nothing (a constant), else written out."""
+    if not compile(code, "<p4sim expression>", "eval").co_names:
+        return str(eval(code, {}) & mask)  # our own source, a constant
+    return f"{code} & {mask}"
+
+
+def _index(code: str, size: int) -> tuple[list[str], str, str]:
+    """(lines computing an extern index, the index, the in-range test), constants checked now."""
+    if not compile(code, "<p4sim expression>", "eval").co_names:
+        i = eval(code, {})  # our own source, a constant
+        return [], str(i), str(0 <= i < size)
+    return [f"_i = {code}"], "_i", f"0 <= _i < {size}"
+
+
+def _guarded(ok: str, stmt: str) -> list[str]:
+    """`stmt` under the test `ok` (left out when `ok` is known)."""
+    if ok == "True":
+        return [stmt]
+    if ok == "False":
+        return []
+    return [f"if {ok}:", f"    {stmt}"]
+
+
+_STRUCT_CODES = {8: "Q", 4: "I", 2: "H", 1: "B"}
+
+
+def _struct_layout(widths: list[int]) -> tuple[str, list[tuple[list[int], list[tuple[int, int, int]]]]]:
+    """A byte-aligned header as a struct format: the fields cut into byte-aligned units, each unit read as
+    one or more big-endian integers. Returns the format and, per unit, its integers' sizes in bytes and
+    its fields as (field offset, bit position in the unit, width)."""
+    units: list[tuple[list[int], list[tuple[int, int, int]]]] = []
+    fields: list[tuple[int, int]] = []
+    bits = 0
+    for j, w in enumerate(widths):
+        fields.append((j, w))
+        bits += w
+        if bits % 8 == 0:
+            sizes, rest = [], bits // 8
+            for size in (8, 4, 2, 1):
+                while rest >= size:
+                    sizes.append(size)
+                    rest -= size
+            placed, pos = [], bits
+            for k, width in fields:
+                pos -= width
+                placed.append((k, pos, width))
+            units.append((sizes, placed))
+            fields, bits = [], 0
+    return "!" + "".join(_STRUCT_CODES[size] for sizes, _ in units for size in sizes), units
+
+
+def _joined(names: list[str], sizes: list[int]) -> str:
+    """The integer that struct values `names` (of `sizes` bytes, most significant first) make together."""
+    shift = sum(sizes) * 8
+    terms = []
+    for name, size in zip(names, sizes, strict=True):
+        shift -= size * 8
+        terms.append(f"({name} << {shift})" if shift else name)
+    return terms[0] if len(terms) == 1 else f"({' | '.join(terms)})"
+
+
+def _both(fn: Callable[[int, int], int], a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else fn(a, b)
+
+
+def _is_mask(code: str) -> bool:
+    """Whether source `code` is a literal 2**k - 1 (k >= 1)."""
+    return code.isdigit() and int(code) > 0 and int(code) & (int(code) + 1) == 0
+
+
+def _bits(op: str, a: int | None, b: int | None, b_code: str) -> int | None:
+    """A bound on the bit length of `a op b` from its operands' bounds (None: unknown or maybe negative)."""
+    if op in _COMPARE or op in ("and", "or"):
+        return 1
+    if op == "&":
+        return _both(min, a, b) if a is not None and b is not None else a if a is not None else b
+    if op in ("|", "^"):
+        return _both(max, a, b)
+    if op == "+":
+        return _both(lambda x, y: max(x, y) + 1, a, b)
+    if op == "*":
+        return _both(lambda x, y: x + y, a, b)
+    if op == "<<":
+        return a + int(b_code) if a is not None and b is not None and b_code.isdigit() else None
+    if op in (">>", "/"):
+        return a if b is not None else None
+    if op == "%":
+        return b if a is not None else None
+    return None  # "-": maybe negative
+
+
+def _key_src(parts: list[str]) -> str:
+    return f"({', '.join(parts)},)" if parts else "()"
+
+
+def _postorder(init: str | None, succ: dict[str, list[str | None]]) -> list[str] | None:
+    """Nodes reachable from `init`, each after all its successors; None if the graph has a cycle."""
+    if init is None:
+        return []
+    order: list[str] = []
+    state = {init: 1}  # 1: on the current path, 2: done
+    stack = [(init, iter(succ[init]))]
+    while stack:
+        node, it = stack[-1]
+        for s in it:
+            if s is None:
+                continue
+            seen = state.get(s)
+            if seen == 1:
+                return None
+            if seen is None:
+                state[s] = 1
+                stack.append((s, iter(succ[s])))
+                break
+        else:
+            stack.pop()
+            state[node] = 2
+            order.append(node)
+    return order
+
+
+def _deparsed(parts: list[bytes], data: bytes, off: int) -> bytes:
+    """Emitted headers then the payload data[off:]; the received bytes themselves when the headers come
+    out as they went in, which saves copying large segments twice per pass."""
+    head = b"".join(parts)
+    if len(head) == off and data.__class__ is bytes and data.startswith(head):
+        return data
+    return b"".join((head, memoryview(data)[off:])) if off else head + data
 
 
 def _div(x: int, y: int) -> int:

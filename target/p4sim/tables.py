@@ -98,6 +98,19 @@ class Table:
             (((1 << width) - 1) ^ ((1 << (width - plen)) - 1), d) for plen, d in sorted(by_len.items(), reverse=True)
         ]
 
+        if len(self.key) == 1:  # the key is the prefix alone: levels keyed by the masked value itself
+            single = [(mask, {k[0]: e for k, e in d.items()}) for mask, d in levels]
+
+            def lookup_one(key: tuple[int, ...]) -> Entry | None:
+                v = key[0]
+                for mask, d in single:
+                    hit = d.get(v & mask)
+                    if hit is not None:
+                        return hit
+                return None
+
+            return lookup_one
+
         def lookup(key: tuple[int, ...]) -> Entry | None:
             head, v, tail = key[:pos], key[pos], key[pos + 1 :]
             for mask, d in levels:

@@ -4,7 +4,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -224,6 +224,8 @@ def test_effective_slowdown() -> None:
         effective_slowdown(1.0, 1.0, 0.0)
 
 
+# No deadline: a 10 ms on-period over 1000 s is 100,000 segments, slow on a busy machine by design.
+@settings(deadline=None)
 @given(
     rate=st.floats(1e3, 1e12),
     on_s=st.floats(0.01, 100),

@@ -172,8 +172,11 @@ class SimNetwork:
         addresses = {mac_host(m): topo.address_of(h) for h, m in self.mac_of.items()}
         self._from_host: dict[str, Link] = {}  # a host's own link, into its limiter or its switch
         self._switch_to_host: dict[str, Link] = {}  # toward a host: into its limiter or the host itself
-        self._switch_up: dict[str, list[Link]] = {}  # a pod's ways out: into its uplink limiters or the router
-        self._router_down: dict[str, list[Link]] = {}  # the router's ways into a pod
+        switch_up: dict[str, list[Link]] = {}  # a pod's ways out: into its uplink limiters or the router
+        # Per pod, how a frame leaves it and how one enters it (filled in below, once the links exist).
+        self._up_send: dict[str, Callable[[bytes], None]] = {}
+        self._down_send: dict[str, Callable[[bytes], None]] = {}
+        router_down: dict[str, list[Link]] = {}  # the router's ways into a pod
         e, hb, ub = self.engine, self.host_link_bps, self.uplink_bps
         self.router_of = self.router_of or topo.assignment(0)
         self._to_spine: dict[str, Link] = {}  # router -> spine (through its limiter with router placement)
@@ -204,26 +207,34 @@ class SimNetwork:
                     self._from_host[h] = Link(e, hb, self._switch_in(pod.name))
                     self._switch_to_host[h] = to_host
             if pod.placement != "pod-uplink":
-                self._switch_up[pod.name] = [Link(e, ub, self._router_in)]
-                self._router_down[pod.name] = [Link(e, ub, self._switch_in(pod.name))]
+                switch_up[pod.name] = [Link(e, ub, self._router_in)]
+                router_down[pod.name] = [Link(e, ub, self._switch_in(pod.name))]
             else:
                 ups, downs = [], []
                 for name in pod.limiters():
                     outs = {0: Link(e, ub, self._switch_in(pod.name)), 1: Link(e, ub, self._router_in)}
                     ups.append(Link(e, ub, self._limiter_in(name, 0, outs)))
                     downs.append(Link(e, ub, self._limiter_in(name, 1, outs)))
-                self._switch_up[pod.name], self._router_down[pod.name] = ups, downs
+                switch_up[pod.name], router_down[pod.name] = ups, downs
+        self._up_send.update({pod: self._spread(links, True) for pod, links in switch_up.items()})
+        self._down_send.update({pod: self._spread(links, False) for pod, links in router_down.items()})
 
     # Addresses are read in place: mac_host(frame[0:6]) is (frame[1], frame[2]), and of the source
     # MAC frame[6:12], (frame[7], frame[8]).
 
-    def _ecmp(self, links: list[Link], frame: bytes, pin: bool) -> Link:
-        """One of parallel links for a frame: by the hash of its flow, or the flow's pinned uplink."""
+    def _spread(self, links: list[Link], pin: bool) -> Callable[[bytes], None]:
+        """Send over one link, or over parallel links by the hash of the frame's flow (ECMP), or over
+        the flow's pinned uplink (`pinned`, filled in later: read at each frame)."""
         if len(links) == 1:
-            return links[0]
-        src = frame[6:12]
-        k = self.pinned.get(src) if pin else None
-        return links[k if k is not None else zlib.crc32(src) % len(links)]
+            return links[0].send
+        pinned: dict[bytes, int] = self.pinned if pin else {}
+
+        def send(frame: bytes) -> None:
+            src = frame[6:12]
+            k = pinned.get(src)
+            links[k if k is not None else zlib.crc32(src) % len(links)].send(frame)
+
+        return send
 
     def send_from(self, host: str, frame: bytes) -> None:
         """A host puts a frame on its link, or on a scale-up link when that reaches the destination."""
@@ -237,14 +248,14 @@ class SimNetwork:
 
     def _switch_in(self, pod: str) -> Callable[[bytes], None]:
         host_of, pod_of_host, pod_of_id = self._host_of, self._pod_of_host, self._pod_of_id
-        to_host, up, ecmp = self._switch_to_host, self._switch_up, self._ecmp
+        to_host, up_send = self._switch_to_host, self._up_send
 
         def switch(frame: bytes) -> None:
             dst = host_of.get((frame[1], frame[2]))
             if dst is not None and pod_of_host[dst] == pod:
                 to_host[dst].send(frame)
             elif pod_of_id.get((frame[7], frame[8])) == pod:
-                ecmp(up[pod], frame, True).send(frame)  # leaving the pod (or addressed to no known host)
+                up_send[pod](frame)  # leaving the pod (or addressed to no known host)
 
         return switch
 
@@ -300,7 +311,7 @@ class SimNetwork:
         """The router sends a frame into `pod` (counted as the pod's ingress when it comes from outside)."""
         if src != pod:
             self._count(pod, "ingress", self.engine.now_ns / NS, len(frame))
-        self._ecmp(self._router_down[pod], frame, False).send(frame)
+        self._down_send[pod](frame)
 
     def _count(self, pod: str, direction: str, t_s: float, nbytes: int) -> None:
         tl = self.router_counts.get((pod, direction))

@@ -1380,8 +1380,7 @@ class Program:
             m, out = _bind(env, marr), self._field(params[2].get("value"), here)
             units = "p.length" if marr.unit == "bytes" else "1"
             lines, cell, ok = _index(self._src(params[1], here, env), marr.size)
-            color = "0" if ok == "False" else f"{m}.cells[{cell}].execute({units}, _now())"
-            color = f"({color} if {ok} else 0)" if ok not in ("True", "False") else color
+            color = _or_zero(ok, f"{m}.cells[{cell}].execute({units}, _now())")
             return [*lines, f"f[{out}] = {_masked(color, self._mask(out))}"]
         if op == "count":
             carr = self._extern(self.counters, params[0], here)
@@ -1392,8 +1391,7 @@ class Program:
             out = self._field(params[0].get("value"), here)
             rarr = self._extern(self.registers, params[1], here)
             lines, cell, ok = _index(self._src(params[2], here, env), rarr.size)
-            value = "0" if ok == "False" else f"{_bind(env, rarr)}.values[{cell}]"
-            value = f"({value} if {ok} else 0)" if ok not in ("True", "False") else value
+            value = _or_zero(ok, f"{_bind(env, rarr)}.values[{cell}]")
             return [*lines, f"f[{out}] = {_masked(value, self._mask(out))}"]
         if op == "register_write":
             rarr = self._extern(self.registers, params[0], here)
@@ -2096,6 +2094,15 @@ def _guarded(ok: str, stmt: str) -> list[str]:
     if ok == "False":
         return []
     return [f"if {ok}:", f"    {stmt}"]
+
+
+def _or_zero(ok: str, code: str) -> str:
+    """`code` where the test `ok` holds, else 0 (green, for a meter); decided now when `ok` is known."""
+    if ok == "True":
+        return code
+    if ok == "False":
+        return "0"
+    return f"({code} if {ok} else 0)"
 
 
 _STRUCT_CODES = {8: "Q", 4: "I", 2: "H", 1: "B"}

@@ -5,7 +5,7 @@ This module knows the names inside limiter.p4; nothing above it does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import finsy as fy
@@ -244,6 +244,9 @@ class Plan:
     modify_boundary: list[p4r.TableEntry]
     delete_boundary: list[p4r.TableEntry]
     delete_windows: list[p4r.TableEntry]  # after the meters have tightened
+    # Every window budget set and meter rewritten moves the same way (all tighten or all loosen):
+    # then they can share the meters' batch, since any part of it applied lies between before and after.
+    windows_with_meters: bool = False
 
     def describe(self) -> str:
         """What the plan restores, for drift reports."""
@@ -268,7 +271,7 @@ class Plan:
     @property
     def changes(self) -> int:
         """How many updates the plan makes."""
-        return sum(len(v) for v in vars(self).values())
+        return sum(len(v) for v in vars(self).values() if isinstance(v, list))
 
     def batches(self) -> list[list[p4r.Update]]:
         """The plan as Write requests' updates, one batch per step, empty steps left out.
@@ -285,10 +288,14 @@ class Plan:
         def tables(*parts: tuple[p4r.Update.Type.ValueType, list[p4r.TableEntry]]) -> list[p4r.Update]:
             return [p4r.Update(type=t, entity=p4r.Entity(table_entry=e)) for t, es in parts for e in es]
 
+        windows = tables((ins, self.set_windows), (mod, self.modify_windows))
+        meters = [p4r.Update(type=mod, entity=p4r.Entity(meter_entry=m)) for m in self.meters]
+        if self.windows_with_meters:
+            windows, meters = [], windows + meters
         steps = [
             tables((dele, self.delete_exemptions)),
-            tables((ins, self.set_windows), (mod, self.modify_windows)),
-            [p4r.Update(type=mod, entity=p4r.Entity(meter_entry=m)) for m in self.meters] + tables((mod, self.lease)),
+            windows,
+            meters + tables((mod, self.lease)),
             tables((ins, self.insert_exemptions), (ins, self.insert_boundary), (mod, self.modify_boundary)),
             tables((dele, self.delete_boundary), (dele, self.delete_windows)),
         ]
@@ -307,6 +314,8 @@ class Codec:
         self.schema = schema
         self.meter_id = schema.meters[METER].id
         self.lease_table = schema.tables[TABLE_LEASE].id
+        window_action = schema.actions[ACTION_WINDOW]
+        self.window_params = (window_action.params["budget"].id, window_action.params["mult"].id)
         self.table_names = {
             schema.tables[n].id: n for n in (TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_BOUNDARY, TABLE_WINDOW)
         }
@@ -404,18 +413,47 @@ class Codec:
         def stale(*tables: str) -> list[p4r.TableEntry]:
             return [te for k, te in held.entries.items() if k not in wanted and self.table_names[te.table_id] in tables]
 
+        set_windows, modify_windows = inserts(TABLE_WINDOW), modifies(TABLE_WINDOW)
+        cells = [cell for cell in sorted(intent.meters) if held.meters.get(cell) != intent.meters[cell]]
+        ways = {-1 for _ in set_windows}  # a new budget only adds a limit
+        ways |= {self._window_way(held.entries[entry_key(te)], te) for te in modify_windows}
+        ways |= {_meter_way(held.meters.get(cell), intent.meters[cell]) for cell in cells}
         return Plan(
             delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD),
-            set_windows=inserts(TABLE_WINDOW),
-            modify_windows=modifies(TABLE_WINDOW),
-            meters=[self.meter(cell, m) for cell, m in sorted(intent.meters.items()) if held.meters.get(cell) != m],
+            set_windows=set_windows,
+            modify_windows=modify_windows,
+            meters=[self.meter(cell, intent.meters[cell]) for cell in cells],
             lease=[] if held.lease == lease.action else [lease],
             insert_exemptions=inserts(TABLE_SRC_IN_POD) + inserts(TABLE_DST_IN_POD),
             insert_boundary=inserts(TABLE_BOUNDARY),
             modify_boundary=modifies(TABLE_BOUNDARY),
             delete_boundary=stale(TABLE_BOUNDARY),
             delete_windows=stale(TABLE_WINDOW),
+            windows_with_meters=ways in ({-1}, {1}),
         )
+
+    def _window_way(self, old: p4r.TableEntry, new: p4r.TableEntry) -> int:
+        """-1 if a window budget tightens, 1 if it loosens, 0 if neither (its window changes)."""
+
+        def params(te: p4r.TableEntry) -> tuple[int, int]:
+            values = {p.param_id: int.from_bytes(p.value, "big") for p in te.action.action.params}
+            budget, mult = self.window_params
+            return values.get(budget, 0), values.get(mult, 0)
+
+        (old_budget, old_mult), (new_budget, new_mult) = params(old), params(new)
+        if old_mult != new_mult or old.action.action.action_id != new.action.action.action_id:
+            return 0
+        return -1 if new_budget <= old_budget else 1
+
+
+def _meter_way(old: MeterParams | None, new: MeterParams) -> int:
+    """-1 if a meter cell tightens, 1 if it loosens, 0 if neither (some rates or bursts rise, others fall)."""
+    if old is None:  # an unconfigured meter lets everything through
+        return -1
+    pairs = list(zip(astuple(old), astuple(new), strict=True))
+    if all(n <= o for o, n in pairs):
+        return -1
+    return 1 if all(n >= o for o, n in pairs) else 0
 
 
 def usage_reads() -> list[fy.P4CounterEntry]:

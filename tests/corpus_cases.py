@@ -301,6 +301,50 @@ async def replication_state(c: Client, sch: P4Schema) -> dict[str, object]:
     return out
 
 
+# ---------------------------------------------------------------- header_union
+
+UNION_OPS = ("widen", "narrow", "copy_union", "copy_member", "drop_member", "revalidate")
+
+
+def short(kind: int, addr: int) -> bytes:
+    """header_union.p4's short_t."""
+    return struct.pack("!BI", kind, addr)
+
+
+def long_(kind: int, addr: int) -> bytes:
+    """header_union.p4's long_t."""
+    return bytes([kind]) + addr.to_bytes(16, "big")
+
+
+def report(op: int) -> bytes:
+    """header_union.p4's report_t as sent (seen and low are written by the pipeline)."""
+    return struct.pack("!BBI", op, 0, 0)
+
+
+async def union_setup(c: Client, sch: P4Schema) -> None:
+    await c.write(*(ins(sch, "I.ops", f"I.{a}", {"hdr.report.op": k}) for k, a in enumerate(UNION_OPS, 1)))
+
+
+def union_frames() -> list[tuple[int, bytes]]:
+    """Every op on: a.s, a.l, a.s displaced by a.l in the parser, a.s and b.s, no union; plus no op."""
+    tail = b"union-tail"
+    parsed = {
+        0x9004: short(3, 0x0A000001),
+        0x9006: long_(5, (0xFD << 120) | 0x0B000002),
+        0x9046: short(3, 0x0A000003) + long_(6, 0x0C000004),
+        0x9044: short(4, 0x0A000005) + short(9, 0x0A000006),
+        0x1234: b"",
+    }
+    # widen (1) reads a.s and narrow (2) reads a.l: only with frames that carry that member (see the program)
+    reads = {1: (0x9004, 0x9046, 0x9044), 2: (0x9006, 0x9046)}
+    return [
+        (0, eth(t, report(op) + body + tail))
+        for op in range(len(UNION_OPS) + 1)
+        for t, body in parsed.items()
+        if t in reads.get(op, parsed)
+    ]
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in (
@@ -311,5 +355,6 @@ CASES: dict[str, Case] = {
         Case("direct_res", direct_frames(), setup=direct_setup, state=direct_state),
         Case("registers_exit", register_frames()),
         Case("replication", replication_frames(), setup=replication_setup, state=replication_state),
+        Case("header_union", union_frames(), setup=union_setup),
     )
 }

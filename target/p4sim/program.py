@@ -6,6 +6,10 @@ actions, pipelines, parser and deparser are then also written out as Python sour
 offsets (see "generated source" below), so that the per-packet path does no name lookups, no JSON
 walking and few calls. Constructs this target does not implement are rejected here, with the
 construct's name, never later at packet time.
+
+Every packet starts with the header fields zeroed. bmv2 only marks its pooled PHV's headers invalid
+between packets, so reading a field of a header this packet never made valid gives what an earlier
+packet left there (the P4 specification leaves the value unspecified); no test relies on either.
 """
 
 from __future__ import annotations
@@ -158,6 +162,8 @@ class Program:
         self.clock = clock or Clock()
         self.headers: dict[str, HeaderLayout] = {}
         self.stacks: dict[str, StackLayout] = {}
+        self.unions: dict[str, list[HeaderLayout]] = {}
+        self.union_peers: dict[int, tuple[int, ...]] = {}  # a union member's header index -> its peers'
         self.vsets: dict[str, ValueSet] = {}
         self.direct_meters: dict[str, DirectMeterDef] = {}
         self.pre = Pre()
@@ -318,10 +324,10 @@ class Program:
             for j, w in enumerate(layout.widths):
                 self.field_width[layout.base + j] = w
                 self.field_header[layout.base + j] = layout.index
-        for key in ("header_union_types", "header_unions", "header_union_stacks"):
-            if self._list(key):
-                raise UnsupportedConstruct(key, "program")
+        if self._list("header_union_stacks"):
+            raise UnsupportedConstruct("header_union_stacks", "program")
         by_id = {int(h.get("id", i)): self.header_list[i] for i, h in enumerate(self._list("headers"))}
+        self._load_unions(by_id)
         for k, st in enumerate(self._list("header_stacks")):
             try:
                 elements = [by_id[int(i)] for i in st["header_ids"]]
@@ -330,6 +336,25 @@ class Program:
             if not elements or any(e.metadata for e in elements):
                 raise ProgramError(f"bmv2 JSON: header stack {st.get('name')!r} must hold packet headers")
             self.stacks[st["name"]] = StackLayout(st["name"], k, elements)
+
+    def _load_unions(self, by_id: dict[int, HeaderLayout]) -> None:
+        """Header unions: each member's peers, which bmv2 marks invalid when that member becomes valid."""
+        for u in self._list("header_unions"):
+            try:
+                members = [by_id[int(i)] for i in u["header_ids"]]
+            except (KeyError, TypeError, ValueError):
+                raise ProgramError(f"bmv2 JSON: header union {u.get('name')!r} has unknown header ids") from None
+            if not members or any(m.metadata or m.index in self.union_peers for m in members):
+                raise ProgramError(
+                    f"bmv2 JSON: header union {u.get('name')!r} must hold packet headers of no other union"
+                )
+            self.unions[u["name"]] = members
+            for m in members:
+                self.union_peers[m.index] = tuple(o.index for o in members if o is not m)
+
+    def _peers_src(self, h: HeaderLayout) -> list[str]:
+        """Source lines that mark h's union peers invalid, as bmv2's HeaderUnion::make_header_valid does."""
+        return [f"v[{k}] = False" for k in self.union_peers.get(h.index, ())]
 
     def _load_errors(self) -> None:
         for name, value in self.doc.get("errors", []):
@@ -460,6 +485,9 @@ class Program:
             return f"({a} if {sub(node['cond'])[0]} else {b})", _both(max, ab, bb)
         if op == "valid":
             return sub(right_node)
+        if op == "valid_union":
+            valid = " or ".join(f"v[{h.index}]" for h in self._union(right_node, where))
+            return f"(1 if {valid} else 0)", 1
         if op == "access_field":
             const, dyn, width = self.lvalue({"type": "expression", "value": node}, where)
             return (f"f[{const}]" if dyn is None else f"f[{_bind(env, dyn)}(p, ad)]"), width
@@ -606,10 +634,12 @@ class Program:
         op = prim.get("op")
         params = prim.get("parameters", [])
         where = f"{where}: primitive {op}"
+        if op == "assign_header" or (op in ("assign", "modify_field") and params[0].get("type") == "header"):
+            return self._assign_header(params[0].get("value"), params[1], where)
+        if op == "assign_union":
+            return self._assign_union(params[0], params[1], where)
         if op in ("assign", "modify_field"):
             dst, src = params
-            if dst.get("type") == "header":
-                return self._assign_header(dst["value"], src, where)
             i, loc, width = self.lvalue(dst, where)
             if i == self._sm.get("mcast_grp", -1) >= 0:
                 self.replicates = True
@@ -672,11 +702,14 @@ class Program:
         if op in ("add_header", "setValid"):
             h = self._header(params[0].get("value"), where)
             lo, hi = h.base, h.base + len(h.widths)
+            peers = self.union_peers.get(h.index, ())
 
             def add_header(p: Packet, ad: list[int]) -> None:
                 if not p.v[h.index]:
                     p.f[lo:hi] = [0] * (hi - lo)
                     p.v[h.index] = True
+                    for k in peers:
+                        p.v[k] = False
 
             return add_header
         if op in ("remove_header", "setInvalid"):
@@ -774,13 +807,39 @@ class Program:
         s = self._header(src.get("value"), where)
         if dst.widths != s.widths:
             raise ProgramError(f"bmv2 JSON: header assignment between different types in {where}")
-        dlo, slo, n = dst.base, s.base, len(dst.widths)
+        dlo, slo, n, di = dst.base, s.base, len(dst.widths), dst.index
+        peers = self.union_peers.get(di, ())
 
+        # bmv2's assign_header: an invalid source only invalidates the destination (its fields stay);
+        # a valid one makes it valid (invalidating its union peers) and copies every field.
         def assign_header(p: Packet, ad: list[int]) -> None:
+            if not p.v[s.index]:
+                p.v[di] = False
+                return
+            p.v[di] = True
+            for k in peers:
+                p.v[k] = False
             p.f[dlo : dlo + n] = p.f[slo : slo + n]
-            p.v[dst.index] = p.v[s.index]
 
         return assign_header
+
+    def _assign_union(self, dst: Any, src: Any, where: str) -> Stmt:
+        """bmv2's assign_union: assign_header member by member, in declaration order."""
+        pairs = zip(self._union(dst, where), self._union(src, where), strict=True)
+        steps = [self._assign_header(d.name, {"type": "header", "value": s.name}, where) for d, s in pairs]
+
+        def assign_union(p: Packet, ad: list[int]) -> None:
+            for step in steps:
+                step(p, ad)
+
+        return assign_union
+
+    def _union(self, node: Any, where: str) -> list[HeaderLayout]:
+        name = node.get("value") if isinstance(node, dict) and node.get("type") == "header_union" else None
+        members = self.unions.get(name) if isinstance(name, str) else None
+        if members is None:
+            raise ProgramError(f"bmv2 JSON: unknown header union {node!r} in {where}")
+        return members
 
     def _extern(self, table: dict[str, Any], ref: dict[str, Any], where: str) -> Any:
         obj = table.get(str(ref.get("value")))
@@ -1026,6 +1085,7 @@ class Program:
 
     def _extract(self, h: HeaderLayout, too_short: int) -> Callable[[Packet, bytes, int], int]:
         nbytes, base, hidx = h.nbytes, h.base, h.index
+        peers = self.union_peers.get(hidx, ())
         shifts = []
         pos = sum(h.widths)
         for w in h.widths:
@@ -1042,6 +1102,8 @@ class Program:
             for j, (sh, m) in enumerate(shifts):
                 f[base + j] = (value >> sh) & m
             p.v[hidx] = True
+            for k in peers:
+                p.v[k] = False
             return end
 
         return extract
@@ -1365,7 +1427,8 @@ class Program:
             h = self._header(params[0].get("value"), here)
             n = len(h.widths)
             env[f"_Z{n}"] = (0,) * n
-            return [f"if not v[{h.index}]:", f"    f[{h.base}:{h.base + n}] = _Z{n}", f"    v[{h.index}] = True"]
+            made_valid = [f"v[{h.index}] = True", *self._peers_src(h)]
+            return [f"if not v[{h.index}]:", f"    f[{h.base}:{h.base + n}] = _Z{n}", *("    " + x for x in made_valid)]
         if op in ("remove_header", "setInvalid") and params[0].get("type") == "header":
             return [f"v[{self._header(params[0].get('value'), here).index}] = False"]
         if op == "exit":
@@ -1701,7 +1764,7 @@ class Program:
                     first = pos + w == sum(sizes) * 8  # the unit's top bits need no mask
                     value = f"({unit} >> {pos})" if pos else unit
                     lines.append(f"f[{h.base + j}] = {value if first else f'{value} & {(1 << w) - 1}'}")
-            return [*lines, f"v[{h.index}] = True", "off = end"]
+            return [*lines, f"v[{h.index}] = True", *self._peers_src(h), "off = end"]
         if kind == "set" and params[1].get("type") != "lookahead":
             return self._primitive_src({"op": "assign", "parameters": params}, where, env)
         if kind == "verify":

@@ -345,6 +345,40 @@ def union_frames() -> list[tuple[int, bytes]]:
     ]
 
 
+# ---------------------------------------------------------------- header_union_stack
+
+UNION_STACK_OPS = ("pop1", "pop2", "push1", "to_b")
+
+
+def elem_a(x: int) -> bytes:
+    """header_union_stack.p4's a_t (tag 1)."""
+    return bytes([1, x])
+
+
+def elem_b(y: int) -> bytes:
+    """header_union_stack.p4's b_t (tag 2)."""
+    return bytes([2]) + y.to_bytes(2, "big")
+
+
+async def union_stack_setup(c: Client, sch: P4Schema) -> None:
+    await c.write(*(ins(sch, "I.ops", f"I.{a}", {"hdr.op.op": k}) for k, a in enumerate(UNION_STACK_OPS, 1)))
+
+
+def union_stack_frames() -> list[tuple[int, bytes]]:
+    """Each op on stacks of none to three elements, an overflowing fourth element, and no op header."""
+    stacks = [
+        b"",
+        elem_a(0x11),
+        elem_a(0x11) + elem_b(0x2222),
+        elem_a(0x11) + elem_b(0x2222) + elem_a(0x33),
+        elem_b(0x4444) + elem_a(0x55) + elem_b(0x6666),
+    ]
+    tail = b"\x00stack-tail"
+    frames = [(0, eth(0x9100, bytes([op, 0]) + st + tail)) for op in range(len(UNION_STACK_OPS) + 1) for st in stacks]
+    overflow = elem_a(1) + elem_a(2) + elem_b(3) + elem_a(4)
+    return [*frames, (0, eth(0x9100, bytes([1, 0]) + overflow + tail)), (0, eth(0x0800, elem_a(9) + tail))]
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in (
@@ -356,5 +390,6 @@ CASES: dict[str, Case] = {
         Case("registers_exit", register_frames()),
         Case("replication", replication_frames(), setup=replication_setup, state=replication_state),
         Case("header_union", union_frames(), setup=union_setup),
+        Case("header_union_stack", union_stack_frames(), setup=union_stack_setup),
     )
 }

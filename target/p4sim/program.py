@@ -108,6 +108,17 @@ class StackLayout:
 
 
 @dataclass
+class UnionStackLayout:
+    """A header union stack: its position in Packet.stk (after the header stacks') and, for each
+    element in index order, the union's member headers in the union type's order."""
+
+    name: str
+    index: int
+    unions: list[list[HeaderLayout]]
+    members: list[str]  # the union type's member names
+
+
+@dataclass
 class DirectMeterDef:
     """A direct meter: the table it is bound to, where its colour goes, and its unit."""
 
@@ -162,6 +173,7 @@ class Program:
         self.clock = clock or Clock()
         self.headers: dict[str, HeaderLayout] = {}
         self.stacks: dict[str, StackLayout] = {}
+        self.union_stacks: dict[str, UnionStackLayout] = {}
         self.unions: dict[str, list[HeaderLayout]] = {}
         self.union_peers: dict[int, tuple[int, ...]] = {}  # a union member's header index -> its peers'
         self.vsets: dict[str, ValueSet] = {}
@@ -218,7 +230,7 @@ class Program:
         self.egress = self._load_pipeline(pipelines["egress"])
         self.template_f = [0] * self.nfields
         self.template_v = [h.metadata for h in self.header_list]
-        self.template_stk = [0] * len(self.stacks)
+        self.template_stk = [0] * (len(self.stacks) + len(self.union_stacks))
         self._metadata_spans = [(h.base, h.base + len(h.widths)) for h in self.header_list if h.metadata]
         es_width = self.field_width[self._sm["egress_spec"]]
         # simple_switch sets egress_spec to drop_port + 1 before egress; the 9-bit field wraps it to 0.
@@ -255,7 +267,7 @@ class Program:
         packet = [h for h in self.header_list if not h.metadata]
         lo = min((h.base for h in packet), default=0)
         hi = max((h.base + len(h.widths) for h in packet), default=0)
-        if sum(len(h.widths) for h in packet) != hi - lo or self.stacks:
+        if sum(len(h.widths) for h in packet) != hi - lo or self.stacks or self.union_stacks:
             return None, (lo, hi)
         for st in self._list("parsers")[0].get("parse_states", []):
             for op in st.get("parser_ops", []):
@@ -324,8 +336,6 @@ class Program:
             for j, w in enumerate(layout.widths):
                 self.field_width[layout.base + j] = w
                 self.field_header[layout.base + j] = layout.index
-        if self._list("header_union_stacks"):
-            raise UnsupportedConstruct("header_union_stacks", "program")
         by_id = {int(h.get("id", i)): self.header_list[i] for i, h in enumerate(self._list("headers"))}
         self._load_unions(by_id)
         for k, st in enumerate(self._list("header_stacks")):
@@ -336,6 +346,20 @@ class Program:
             if not elements or any(e.metadata for e in elements):
                 raise ProgramError(f"bmv2 JSON: header stack {st.get('name')!r} must hold packet headers")
             self.stacks[st["name"]] = StackLayout(st["name"], k, elements)
+        self._load_union_stacks()
+
+    def _load_union_stacks(self) -> None:
+        unions_by_id = {int(u.get("id", i)): u["name"] for i, u in enumerate(self._list("header_unions"))}
+        types = {t.get("name"): [m[0] for m in t.get("headers", [])] for t in self._list("header_union_types")}
+        for k, st in enumerate(self._list("header_union_stacks"), start=len(self.stacks)):
+            try:
+                unions = [self.unions[unions_by_id[int(i)]] for i in st["header_union_ids"]]
+                members = types[st["union_type"]]
+            except (KeyError, TypeError, ValueError):
+                raise ProgramError(f"bmv2 JSON: header union stack {st.get('name')!r} has unknown unions") from None
+            if not unions or any(len(u) != len(members) for u in unions):
+                raise ProgramError(f"bmv2 JSON: header union stack {st.get('name')!r} must hold unions of its type")
+            self.union_stacks[st["name"]] = UnionStackLayout(st["name"], k, unions, members)
 
     def _load_unions(self, by_id: dict[int, HeaderLayout]) -> None:
         """Header unions: each member's peers, which bmv2 marks invalid when that member becomes valid."""
@@ -549,6 +573,22 @@ class Program:
 
         return loc, st.elements[0].widths[j]
 
+    def _union_stack_field(self, value: Any, where: str) -> tuple[Callable[[Packet, bytes, int], int], int]:
+        """A field of a member of a union stack's last extracted union, as a parser's transition key."""
+        ust = self._union_stack(value[0], where)
+        m = self._union_member(ust, value[1], where)
+        j = self._field_offset(ust.unions[0][m], value[2], where)
+        fields = [u[m].base + j for u in ust.unions]
+        k = ust.index
+
+        def key(p: Packet, data: bytes, off: int) -> int:
+            n = p.stk[k]
+            if n == 0:  # bmv2 asserts on an empty stack's last element; this target drops the packet
+                raise PacketAbort(f"{ust.name}.last of an empty union stack")
+            return p.f[fields[n - 1]]
+
+        return key, ust.unions[0][m].widths[j]
+
     def header_ref(self, node: Any, where: str) -> tuple[HeaderLayout, Callable[[Packet, list[int]], int] | None]:
         """A header operand: (its layout, None) when fixed; for stack[i], (an element, closure giving the index)."""
         if isinstance(node, dict) and node.get("type") == "header":
@@ -596,16 +636,30 @@ class Program:
         return -1, lambda p, ad: base_of[deref(p, ad)], layout.widths[j]
 
     def _stack_shift(self, stack: Any, count: Any, push: bool, where: str) -> Stmt:
-        st = self._stack(stack.get("value") if isinstance(stack, dict) else None, where)
+        name = stack.get("value") if isinstance(stack, dict) else None
+        if isinstance(stack, dict) and stack.get("type") == "header_union_stack":
+            ust = self._union_stack(name, where)
+            k, elements = ust.index, ust.unions
+            # bmv2 "invalidates" the unions shifted in with HeaderUnion::mark_invalid, which does
+            # nothing: they keep what the shift swapped into them, so a union stack rotates.
+            invalidate = False
+        else:
+            st = self._stack(name, where)
+            k, elements, invalidate = st.index, [[e] for e in st.elements], True
         num = self._const(count, where)
-        size, k = len(st.elements), st.index
-        spans = [(e.index, e.base, e.base + len(e.widths)) for e in st.elements]
+        size = len(elements)
+        spans = [[(h.index, h.base, h.base + len(h.widths)) for h in e] for e in elements]
 
         def swap(p: Packet, a: int, b: int) -> None:
-            (ha, la, ua), (hb, lb, ub) = spans[a], spans[b]
             f, v = p.f, p.v
-            f[la:ua], f[lb:ub] = f[lb:ub], f[la:ua]
-            v[ha], v[hb] = v[hb], v[ha]
+            for (ha, la, ua), (hb, lb, ub) in zip(spans[a], spans[b], strict=True):
+                f[la:ua], f[lb:ub] = f[lb:ub], f[la:ua]
+                v[ha], v[hb] = v[hb], v[ha]
+
+        def invalid(p: Packet, i: int) -> None:
+            if invalidate:
+                for h, _, _ in spans[i]:
+                    p.v[h] = False
 
         # bmv2's StackP4_16 (the default, --enable-WP4-16-stacks): the whole stack shifts, the
         # elements shifted in are invalid, and the next index moves by `num` within 0..size.
@@ -614,7 +668,7 @@ class Program:
             for i in range(size - 1, num - 1, -1):
                 swap(p, i, i - num)
             for i in range(min(size, num)):
-                p.v[spans[i][0]] = False
+                invalid(p, i)
 
         def pop_front(p: Packet, ad: list[int]) -> None:
             p.stk[k] -= min(p.stk[k], num)
@@ -624,9 +678,21 @@ class Program:
                     swap(p, i, i + num)
                 i = size - num
             for j in range(i, size):
-                p.v[spans[j][0]] = False
+                invalid(p, j)
 
         return push_front if push else pop_front
+
+    def _union_stack(self, name: Any, where: str) -> UnionStackLayout:
+        ust = self.union_stacks.get(name) if isinstance(name, str) else None
+        if ust is None:
+            raise ProgramError(f"bmv2 JSON: unknown header union stack {name!r} in {where}")
+        return ust
+
+    def _union_member(self, ust: UnionStackLayout, member: Any, where: str) -> int:
+        try:
+            return ust.members.index(member)
+        except ValueError:
+            raise ProgramError(f"bmv2 JSON: union stack {ust.name!r} has no member {member!r} in {where}") from None
 
     # ---------------------------------------------------------------- primitives and actions
 
@@ -835,7 +901,8 @@ class Program:
         return assign_union
 
     def _union(self, node: Any, where: str) -> list[HeaderLayout]:
-        name = node.get("value") if isinstance(node, dict) and node.get("type") == "header_union" else None
+        # Only the name counts, as in bmv2: p4c types a union stack's element "header" in valid_union.
+        name = node.get("value") if isinstance(node, dict) and node.get("type") in ("header_union", "header") else None
         members = self.unions.get(name) if isinstance(name, str) else None
         if members is None:
             raise ProgramError(f"bmv2 JSON: unknown header union {node!r} in {where}")
@@ -994,6 +1061,8 @@ class Program:
         if kind == "stack_field":
             loc, width = self._stack_field_loc(k["value"], where)
             return (lambda p, data, off: p.f[loc(p, [])]), width
+        if kind == "union_stack_field":
+            return self._union_stack_field(k["value"], where)
         if kind == "lookahead":
             bit_off, width = int(k["value"][0]), int(k["value"][1])
             # bmv2 peeks without a length check; bytes past the end read as zero here.
@@ -1024,7 +1093,13 @@ class Program:
             if ptype == "regular":
                 return self._extract(self._header(params[0]["value"], where), too_short)
             if ptype == "stack":
-                return self._extract_stack(self._stack(params[0]["value"], where), too_short)
+                st = self._stack(params[0]["value"], where)
+                return self._extract_next(st.elements, st.index, too_short)
+            if ptype == "union_stack":
+                name, member = params[0]["value"]
+                ust = self._union_stack(name, where)
+                headers = [u[self._union_member(ust, member, where)] for u in ust.unions]
+                return self._extract_next(headers, ust.index, too_short)
             raise UnsupportedConstruct(f"extract of {ptype}", where)
         if kind == "set":
             if params[1].get("type") == "lookahead":
@@ -1108,21 +1183,24 @@ class Program:
 
         return extract
 
-    def _extract_stack(self, st: StackLayout, too_short: int) -> Callable[[Packet, bytes, int], int]:
+    def _extract_next(self, headers: list[HeaderLayout], k: int, too_short: int) -> Callable[[Packet, bytes, int], int]:
+        """Extract into the next element of a stack (`headers`: that element's header, by index)."""
         out_of_bounds = self.errors.get("StackOutOfBounds", 3)
-        elems = [(e.index, e.nbytes, self._unpacker(e)) for e in st.elements]
-        size, k = len(elems), st.index
+        elems = [(e.index, e.nbytes, self._unpacker(e), self.union_peers.get(e.index, ())) for e in headers]
+        size = len(elems)
 
         def extract_next(p: Packet, data: bytes, off: int) -> int:
             n = p.stk[k]
             if n >= size:
                 raise ParserError(out_of_bounds, off)
-            hidx, nbytes, unpack = elems[n]
+            hidx, nbytes, unpack, peers = elems[n]
             end = off + nbytes
             if end > len(data):
                 raise ParserError(too_short, off)
             unpack(p, data, off)
             p.v[hidx] = True
+            for j in peers:
+                p.v[j] = False
             p.stk[k] = n + 1
             return end
 

@@ -901,8 +901,8 @@ class Program:
         return assign_union
 
     def _union(self, node: Any, where: str) -> list[HeaderLayout]:
-        # Only the name counts, as in bmv2: p4c types a union stack's element "header" in valid_union.
-        name = node.get("value") if isinstance(node, dict) and node.get("type") in ("header_union", "header") else None
+        # p4c 1.2.4 types a union stack's element "header" in valid_union; bmv2 refuses that JSON too.
+        name = node.get("value") if isinstance(node, dict) and node.get("type") == "header_union" else None
         members = self.unions.get(name) if isinstance(name, str) else None
         if members is None:
             raise ProgramError(f"bmv2 JSON: unknown header union {node!r} in {where}")

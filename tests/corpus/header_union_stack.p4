@@ -11,7 +11,7 @@ header ethernet_t {
 
 header op_t {
     bit<8> op;
-    bit<8> seen;  // written by the pipeline: one bit per valid element, then per valid a-member
+    bit<8> seen;  // written by the pipeline: one bit per valid b-member, then per valid a-member
 }
 
 header a_t {
@@ -91,10 +91,12 @@ control I(inout headers_t hdr, inout meta_t m, inout standard_metadata_t sm) {
         sm.egress_spec = 1;
         if (hdr.op.isValid()) {
             ops.apply();
+            // Not hdr.us[i].isValid(): p4c 1.2.4 writes it as valid_union of a "header" us[i], which
+            // bmv2 refuses to load ("Invalid reference to object of type 'header'").
             bit<8> seen = 0;
-            if (hdr.us[0].isValid()) { seen = seen | 1; }
-            if (hdr.us[1].isValid()) { seen = seen | 2; }
-            if (hdr.us[2].isValid()) { seen = seen | 4; }
+            if (hdr.us[0].b.isValid()) { seen = seen | 1; }
+            if (hdr.us[1].b.isValid()) { seen = seen | 2; }
+            if (hdr.us[2].b.isValid()) { seen = seen | 4; }
             if (hdr.us[0].a.isValid()) { seen = seen | 16; }
             if (hdr.us[1].a.isValid()) { seen = seen | 32; }
             if (hdr.us[2].a.isValid()) { seen = seen | 64; }

@@ -285,8 +285,10 @@ def _with_union(doc: dict[str, Any]) -> None:
     doc["header_unions"] = [{"name": "u", "id": 0, "union_type": "u_t", "header_ids": [2]}]
 
 
-def _with_profile(doc: dict[str, Any]) -> None:
-    doc["pipelines"][0]["action_profiles"] = [{"name": "ap", "id": 0, "max_size": 4}]
+def _with_old_profile(doc: dict[str, Any]) -> None:
+    # bmv2's old JSON format: the indirect table names its own profile (act_prof_name).
+    table = doc["pipelines"][0]["tables"][0]
+    table["type"], table["act_prof_name"] = "indirect", "ap"
 
 
 def _with_timeout(doc: dict[str, Any]) -> None:
@@ -317,7 +319,7 @@ def _with_runtime_data_index(doc: dict[str, Any]) -> None:
     ("name", "mutate", "construct"),
     [
         ("ipv4_csum", _with_union, "header_unions"),
-        ("ipv4_csum", _with_profile, "action_profiles"),
+        ("ipv4_csum", _with_old_profile, "old JSON format"),
         ("ipv4_csum", _with_timeout, "idle timeout"),
         ("ipv4_csum", _with_varbit, "variable-length"),
         ("hashes", _with_random_hash, "hash algorithm round_robin"),

@@ -399,37 +399,47 @@ class Pipeline:
         member, group, oneshot = self._indirect_target(b, te)
         try:
             if kind == p4r.Update.INSERT:
-                if existing is not None:
-                    raise P4RuntimeError(
-                        grpc.StatusCode.ALREADY_EXISTS, "match entry exists, use MODIFY if you wish to change action"
-                    )
-                if len(table) >= table.size:
-                    raise P4RuntimeError(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"table {b.info.preamble.name} is full ({table.size} entries)",
-                    )
-                self._check_indirect(b, group, "Error when adding match entry to target")
-                entry = Entry(match, -1, [], prio, meta={"entity": _stored(te), "oneshot": oneshot})
-                entry.member, entry.group = member, group
-                self._new_entry_resources(b, entry, te)
-                mgr.profile.ref(member, group)
-                table.insert(entry)
-                return
-            if existing is None:
-                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
-            # bmv2's modify_entry drops the old reference before checking the new target and does not
-            # restore it on failure; this target keeps it (the counts differ only after such a failure).
-            self._check_indirect(b, group, "Error when modifying match entry in target")
+                entry = Entry(match, -1, [], prio, meta={"oneshot": oneshot}, member=member, group=group)
+                self._insert_indirect(b, te, existing, entry)
+            else:
+                self._modify_indirect(b, te, existing, member, group, oneshot)
         except P4RuntimeError:
             if oneshot:
                 mgr.oneshot_delete(group)
             raise
+
+    def _insert_indirect(self, b: TableBinding, te: p4r.TableEntry, existing: Entry | None, entry: Entry) -> None:
+        assert b.profile is not None
+        table = b.tdef.table
+        if existing is not None:
+            raise P4RuntimeError(
+                grpc.StatusCode.ALREADY_EXISTS, "match entry exists, use MODIFY if you wish to change action"
+            )
+        if len(table) >= table.size:
+            raise P4RuntimeError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"table {b.info.preamble.name} is full ({table.size} entries)"
+            )
+        self._check_indirect(b, entry.group, "Error when adding match entry to target")
+        entry.meta["entity"] = _stored(te)
+        self._new_entry_resources(b, entry, te)
+        b.profile.mgr.profile.ref(entry.member, entry.group)
+        table.insert(entry)
+
+    def _modify_indirect(
+        self, b: TableBinding, te: p4r.TableEntry, existing: Entry | None, member: int, group: int, oneshot: bool
+    ) -> None:
+        assert b.profile is not None
+        if existing is None:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
+        # bmv2's modify_entry drops the old reference before checking the new target and does not
+        # restore it on failure; this target keeps it (the counts differ only after such a failure).
+        self._check_indirect(b, group, "Error when modifying match entry in target")
         old_oneshot = existing.group if existing.meta.get("oneshot") else -1
         self._repoint(b, existing, member, group)
         existing.meta["oneshot"] = oneshot
         self._modified_entry_resources(b, existing, te)
         if old_oneshot >= 0:
-            mgr.oneshot_delete(old_oneshot)
+            b.profile.mgr.oneshot_delete(old_oneshot)
 
     def _indirect_target(self, b: TableBinding, te: p4r.TableEntry) -> tuple[int, int, bool]:
         """(member handle, group handle, one-shot) of an indirect entry's action; a one-shot action set

@@ -15,9 +15,10 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-# A lookup that yields an empty group runs no action (bmv2's MatchTableIndirect::lookup returns an
-# empty ActionEntry); this pseudo action id stands for it.
-EMPTY_GROUP_ACTION = -1
+# bmv2 runs no action at all for a lookup that yields an empty group (MatchTableIndirect::lookup returns
+# an empty ActionEntry) and for a miss in a table whose JSON has no default_entry (p4c emits none for
+# tables with an action profile); this pseudo action id stands for it.
+NO_ACTION = -1
 HASH_MASK = 0xFFFFFFFF
 
 
@@ -170,7 +171,7 @@ class ActionProfile:
     def picker(self) -> Callable[[Any, int, int], tuple[int, list[int]]]:
         """The per-packet choice: (packet, member, group) -> (JSON action id, action data)."""
         actions, groups, selector = self.actions, self.groups, self.selector
-        empty: tuple[int, list[int]] = (EMPTY_GROUP_ACTION, [])
+        empty: tuple[int, list[int]] = (NO_ACTION, [])
 
         def pick(p: Any, member: int, group: int) -> tuple[int, list[int]]:
             if group < 0:

@@ -20,7 +20,7 @@ from typing import Any
 from .errors import ProgramError, UnsupportedConstruct
 from .externs import RED, Clock, CounterArray, MeterArray, RegisterArray, ValueSet
 from .hashes import HashFn, algorithm
-from .profiles import EMPTY_GROUP_ACTION, ActionProfile
+from .profiles import NO_ACTION, ActionProfile
 from .tables import Entry, KeyField, Table
 
 DROP_PORT = 511  # simple_switch's default drop port; mark_to_drop sets egress_spec to it.
@@ -1237,14 +1237,14 @@ class Program:
         next_by_action: dict[int, str | None] = {}
         for aid, aname in zip(action_ids, action_names, strict=False):
             next_by_action[aid] = next_tables.get(aname, base_next)
-        if with_selection:
-            # bmv2 leaves the next node undefined after a lookup yields an empty group (its
-            # MatchTableIndirect::lookup returns before setting it); this target goes on where the
-            # table's actions go by default.
-            next_by_action[EMPTY_GROUP_ACTION] = base_next
         default = t.get("default_entry") or {}
-        default_id = int(default.get("action_id", action_ids[0] if action_ids else -1))
-        if default_id not in self.actions:
+        # Without a default_entry a miss runs no action and goes on at base_default_next (bmv2's
+        # default_default_entry). After a lookup that yields an empty group bmv2 leaves the next node
+        # undefined (MatchTableIndirect::lookup returns before setting it); this target goes there too.
+        default_id = int(default["action_id"]) if "action_id" in default else NO_ACTION
+        if default_id == NO_ACTION or with_selection:
+            next_by_action[NO_ACTION] = base_next
+        elif default_id not in self.actions:
             raise ProgramError(f"bmv2 JSON: {where} has no valid default action")
         tdef = TableDef(
             name=t["name"],
@@ -1319,7 +1319,7 @@ class Program:
         actions = self.actions
         with_counters = tdef.with_counters
 
-        if tdef.direct_meter is not None or tdef.profile is not None:
+        if tdef.direct_meter is not None or tdef.profile is not None or tdef.default_action_id == NO_ACTION:
             return self._metered_table_node(tdef)
 
         def apply(p: Packet) -> str | None:
@@ -1359,13 +1359,13 @@ class Program:
         return apply_keyless
 
     def _metered_table_node(self, tdef: TableDef) -> Callable[[Packet], str | None]:
-        # Tables with a direct meter or an action profile (the keyless shortcut does not apply).
+        # Tables with a direct meter, an action profile or no default entry (no keyless shortcut).
         # bmv2 executes a direct meter only on a hit, before the action, into the meter's result
         # field; an indirect entry's action is its member's, or that of a member of its group.
         dm = tdef.direct_meter
         table, key_fn, now = tdef.table, tdef.key_fn, self.clock.now_us
         bodies = {aid: a.body for aid, a in self.actions.items()}
-        bodies[EMPTY_GROUP_ACTION] = _no_action
+        bodies[NO_ACTION] = _no_action
         out = dm.result if dm is not None else -1  # -1: no direct meter
         omask = self._mask(out) if dm is not None else 0
         by_bytes = dm is not None and dm.unit == "bytes"
@@ -1553,7 +1553,7 @@ class Program:
                 ipdom[n] = next(x for x in chain(distinct[0]) if all(x in o for o in others))
         env = self._env()
         env["_A"] = {aid: a.body for aid, a in self.actions.items()}
-        env["_A"][EMPTY_GROUP_ACTION] = _no_action
+        env["_A"][NO_ACTION] = _no_action
         lines: list[str] = []
 
         def emit(text: str, ind: int) -> None:
@@ -2086,7 +2086,7 @@ def _calc_fn(items: list[tuple[int, int, int, int]], fn: Callable[[bytes], int])
 
 
 def _no_action(p: Packet, ad: list[int]) -> None:
-    """What a lookup yielding an empty group runs: nothing."""
+    """What a miss without a default entry, or a lookup yielding an empty group, runs: nothing."""
 
 
 def _verify_stmt(compute: Callable[[Packet], int], target: int, th: int, cond: Expr | None, cerr: int) -> Stmt:

@@ -17,6 +17,7 @@ from finsy.proto import p4i, p4r
 from .errors import P4RuntimeError, ProgramError, UnsupportedConstruct
 from .externs import CounterArray, Meter, RegisterArray, ValueSet, configure_meter, meter_config
 from .profile_mgr import MANUAL, ONESHOT, ProfileManager
+from .profiles import NO_ACTION
 from .program import Program, TableDef
 from .tables import Entry
 
@@ -550,6 +551,8 @@ class Pipeline:
             for jt in t.get("tables", []):
                 if jt["name"] == tdef.name:
                     d = jt.get("default_entry") or {}
+                    if "action_id" not in d:  # bmv2's default_default_entry: no action
+                        return NO_ACTION, []
                     return int(d["action_id"]), [int(x, 16) for x in d.get("action_data", [])]
         return tdef.default_action_id, tdef.default_action_data
 

@@ -256,3 +256,19 @@ async def test_weights_are_member_copies(in_process_target: InProcess) -> None:
     assert [(m.member_id, m.weight) for m in g.action_profile_group.members] == [(2, 2)]
     await c.write(update(MOD, ap_member(sch, "I.sel", 2, "I.set_nhop", port=7, dmac=7)))
     assert profile.actions[1] == profile.actions[2] == (profile.actions[1][0], [7, 7])  # copies follow
+
+
+async def test_failed_modify_drops_the_old_reference(in_process_target: InProcess) -> None:
+    # bmv2's modify_entry drops the entry's reference to its member before it refuses the empty group,
+    # and does not restore it: the member can then be deleted under the entry, and PI fails reading it.
+    _, c, sch = await fresh(in_process_target)
+    await c.write(
+        update(INS, ap_member(sch, "I.sel", 1, "I.set_nhop", port=1, dmac=1)),
+        update(INS, ap_group(sch, "I.sel", 6, {})),
+        update(INS, indirect_entry(sch, "I.ecmp", {DST: "10.0.0.0/8"}, member=1)),
+    )
+    assert await refused(c, update(MOD, indirect_entry(sch, "I.ecmp", {DST: "10.0.0.0/8"}, group=6))) == [Code.UNKNOWN]
+    await c.write(update(DEL, ap_member(sch, "I.sel", 1)))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.read(indirect_entry(sch, "I.ecmp", {}))
+    assert err.value.code() == Code.INTERNAL

@@ -237,6 +237,12 @@ class ProfileManager:
             return -1, self.groups[group_id].handle
         raise _error(grpc.StatusCode.INVALID_ARGUMENT, "Invalid member / group id")
 
+    def names(self, member: int, group: int) -> bool:
+        """Whether PI can name what an entry points at (after bmv2's reference slip it may be gone)."""
+        if group >= 0:
+            return group in self.group_of or group in self.oneshot
+        return member in self.member_of
+
     def oneshot_create(self, actions: list[tuple[int, list[int], int]]) -> int:
         """A one-shot group of (JSON action id, data, weight): weight copies of each action; its handle."""
         total = 0

@@ -154,17 +154,16 @@ class ActionProfile:
 
     def ref(self, member: int, group: int) -> None:
         """An entry now points at `member` (or at `group` when it is >= 0)."""
-        if group >= 0:
-            self._group_refs[group] += 1
-        else:
-            self._member_refs[member] += 1
+        self._count(member, group, 1)
 
     def unref(self, member: int, group: int) -> None:
         """An entry no longer points at `member` (or `group`)."""
-        if group >= 0:
-            self._group_refs[group] -= 1
-        else:
-            self._member_refs[member] -= 1
+        self._count(member, group, -1)
+
+    def _count(self, member: int, group: int, step: int) -> None:
+        # bmv2's counts are unsigned ints: one taken below zero (see Pipeline._modify_indirect) wraps.
+        refs, key = (self._group_refs, group) if group >= 0 else (self._member_refs, member)
+        refs[key] = (refs[key] + step) & 0xFFFFFFFF
 
     # ---------------------------------------------------------------- packets
 

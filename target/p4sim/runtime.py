@@ -432,8 +432,10 @@ class Pipeline:
         assert b.profile is not None
         if existing is None:
             raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
-        # bmv2's modify_entry drops the old reference before checking the new target and does not
-        # restore it on failure; this target keeps it (the counts differ only after such a failure).
+        # bmv2's modify_entry drops the old reference before it checks the new target and does not
+        # restore it when the check fails: the entry then points at a member or group that may be
+        # deleted (its packets keep the stale action; PI fails reading the table, INTERNAL).
+        b.profile.mgr.profile.unref(existing.member, existing.group)
         self._check_indirect(b, group, "Error when modifying match entry in target")
         old_oneshot = existing.group if existing.meta.get("oneshot") else -1
         self._repoint(b, existing, member, group)
@@ -473,9 +475,7 @@ class Pipeline:
     @staticmethod
     def _repoint(b: TableBinding, entry: Entry, member: int, group: int) -> None:
         assert b.profile is not None
-        profile = b.profile.mgr.profile
-        profile.unref(entry.member, entry.group)
-        profile.ref(member, group)
+        b.profile.mgr.profile.ref(member, group)  # the old reference is already dropped
         # The packet path reads the group first: set a group before clearing the member, and the other
         # way round, so that it never sees neither.
         if group >= 0:
@@ -646,6 +646,8 @@ class Pipeline:
             for entry in list(b.tdef.table.entries.values()):
                 if match_filter is not None and (entry.match, entry.priority) != match_filter:
                     continue
+                if b.profile is not None and not b.profile.mgr.names(entry.member, entry.group):
+                    raise P4RuntimeError(grpc.StatusCode.INTERNAL, "Invalid indirect handle")
                 stored = entry.meta.get("entity")
                 te = p4r.TableEntry()
                 if stored is not None:

@@ -1240,7 +1240,8 @@ class Program:
         default = t.get("default_entry") or {}
         # Without a default_entry a miss runs no action and goes on at base_default_next (bmv2's
         # default_default_entry). After a lookup that yields an empty group bmv2 leaves the next node
-        # undefined (MatchTableIndirect::lookup returns before setting it); this target goes there too.
+        # undefined (MatchTableIndirect::lookup returns before setting it) and simple_switch_grpc
+        # 1.15.2 dies on that packet; this target runs no action and goes there too.
         default_id = int(default["action_id"]) if "action_id" in default else NO_ACTION
         if default_id == NO_ACTION or with_selection:
             next_by_action[NO_ACTION] = base_next

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 from finsy import P4Schema
 from finsy.proto import p4r
 from google.protobuf import text_format
@@ -379,6 +380,136 @@ def union_stack_frames() -> list[tuple[int, bytes]]:
     return [*frames, (0, eth(0x9100, bytes([1, 0]) + overflow + tail)), (0, eth(0x0800, elem_a(9) + tail))]
 
 
+# ---------------------------------------------------------------- action_selector
+
+ROUTER_SRC = 0x02000000FFFF  # action_selector.p4's route() writes it into srcAddr
+LB_DST = "10.9.0.1"
+
+
+def ap_action(sch: P4Schema, name: str, **params: int) -> p4r.Action:
+    """An action by name with its parameters, each padded to its width."""
+    info = sch.actions[name]
+    out = p4r.Action(action_id=info.id)
+    for pname, value in params.items():
+        param = info.params[pname]
+        out.params.add(param_id=param.id, value=value.to_bytes((param.bitwidth + 7) // 8, "big"))
+    return out
+
+
+def ap_member(sch: P4Schema, profile: str, member_id: int, action: str = "", **params: int) -> p4r.Entity:
+    """An ActionProfileMember of `profile` (without an action: a key for reads and deletes)."""
+    m = p4r.ActionProfileMember(action_profile_id=sch.action_profiles[profile].id, member_id=member_id)
+    if action:
+        m.action.CopyFrom(ap_action(sch, action, **params))
+    return p4r.Entity(action_profile_member=m)
+
+
+def ap_group(sch: P4Schema, profile: str, group_id: int, weights: dict[int, int], max_size: int = 0) -> p4r.Entity:
+    """An ActionProfileGroup of `profile` holding member id -> weight."""
+    g = p4r.ActionProfileGroup(action_profile_id=sch.action_profiles[profile].id, group_id=group_id, max_size=max_size)
+    for member_id, weight in weights.items():
+        g.members.add(member_id=member_id, weight=weight)
+    return p4r.Entity(action_profile_group=g)
+
+
+def indirect_entry(
+    sch: P4Schema,
+    table: str,
+    match: dict[str, object],
+    member: int = 0,
+    group: int = 0,
+    action_set: list[tuple[int, p4r.Action]] | None = None,
+) -> p4r.Entity:
+    """A table entry pointing at a member, a group or a one-shot set of (weight, action)."""
+    from finsy import P4TableEntry, P4TableMatch
+
+    entity = P4TableEntry(table, match=P4TableMatch(match)).encode(sch)
+    action = entity.table_entry.action
+    if member:
+        action.action_profile_member_id = member
+    elif group:
+        action.action_profile_group_id = group
+    elif action_set is not None:
+        for weight, a in action_set:
+            action.action_profile_action_set.action_profile_actions.add(action=a, weight=weight)
+    return entity
+
+
+def nhop(sch: P4Schema, port: int) -> p4r.Action:
+    """set_nhop to `port`, with destination MAC 02:00:00:00:01:<port>."""
+    return ap_action(sch, "I.set_nhop", port=port, dmac=0x020000000100 + port)
+
+
+async def selector_setup(c: Client, sch: P4Schema) -> None:
+    ins_ = p4r.Update.INSERT
+    dmac = "hdr.ethernet.dstAddr"
+    dst = "hdr.ipv4.dstAddr"
+    await c.write(
+        update(ins_, ap_member(sch, "I.ap", 1, "I.to_port", port=1)),
+        update(ins_, ap_member(sch, "I.ap", 2, "I.route")),
+        update(ins_, ap_member(sch, "I.ap", 3, "I.drop")),
+        update(ins_, indirect_entry(sch, "I.l2", {dmac: "02:00:00:00:00:01"}, member=1)),
+        update(ins_, indirect_entry(sch, "I.l2", {dmac: MAC_B}, member=2)),
+        update(ins_, indirect_entry(sch, "I.l2", {dmac: "02:00:00:00:00:02"}, member=3)),
+        # Members made out of id order: bmv2 hands out handles in creation order, and a group is
+        # chosen from in handle order; member 11's second copy (weight 2) is made last.
+        *(
+            update(ins_, ap_member(sch, "I.sel", mid, "I.set_nhop", port=port, dmac=0x020000000100 + port))
+            for mid, port in ((12, 3), (10, 1), (11, 2), (13, 4))
+        ),
+        update(ins_, ap_group(sch, "I.sel", 100, {10: 1, 11: 1})),
+        update(ins_, ap_group(sch, "I.sel", 101, {13: 1})),
+        update(ins_, indirect_entry(sch, "I.ecmp", {dst: "10.1.0.0/16"}, group=100)),
+        update(ins_, indirect_entry(sch, "I.ecmp", {dst: "10.2.0.0/16"}, member=12)),
+        update(ins_, indirect_entry(sch, "I.ecmp", {dst: "10.3.0.0/16"}, group=101)),
+        update(ins_, indirect_entry(sch, "I.lb", {dst: LB_DST}, action_set=[(2, nhop(sch, 5)), (1, nhop(sch, 6))])),
+    )
+    await c.write(update(p4r.Update.MODIFY, ap_group(sch, "I.sel", 100, {10: 1, 11: 2, 12: 1})))
+
+
+def selector_frames() -> list[tuple[int, bytes]]:
+    """l2 to a port, dropped, missed (no action), non-IPv4 routed; UDP flows over ecmp's group (weighted), a TCP
+    packet (no ports hashed), a route to a member, to a one-member group, no route; flows over lb's
+    one-shot group."""
+
+    def udp(dst: str, src: str, sport: int, dport: int = 4791) -> bytes:
+        return bytes(
+            Ether(src=MAC_A, dst=MAC_B) / IP(src=src, dst=dst, ttl=9) / UDP(sport=sport, dport=dport) / Raw(b"s" * 8)
+        )
+
+    frames = [
+        (0, eth(0x0800, b"to port 1", dst="02:00:00:00:00:01")),
+        (0, eth(0x0800, b"dropped", dst="02:00:00:00:00:02")),
+        (0, eth(0x0800, b"missed", dst="02:00:00:00:00:09")),
+        (0, eth(0x1234, b"routed, not IPv4")),
+    ]
+    frames += [(0, udp("10.1.2.3", f"10.0.{k}.1", 1000 + 7 * k)) for k in range(12)]
+    tcp = Ether(src=MAC_A, dst=MAC_B) / IP(src="10.0.0.9", dst="10.1.0.7", proto=6, ttl=9) / Raw(b"t" * 20)
+    frames += [(1, bytes(tcp)), (1, udp("10.2.0.1", "10.0.0.1", 5)), (1, udp("10.3.0.1", "10.0.0.1", 6))]
+    frames += [(1, udp("10.4.0.1", "10.0.0.1", 7))]
+    frames += [(2, udp(LB_DST, f"10.0.{k}.2", 2000, 3000 + k)) for k in range(8)]
+    return frames
+
+
+async def selector_state(c: Client, sch: P4Schema) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, entity in (
+        ("members I.ap", ap_member(sch, "I.ap", 0)),
+        ("members I.sel", ap_member(sch, "I.sel", 0)),
+        ("member 11", ap_member(sch, "I.sel", 11)),
+        ("groups I.sel", ap_group(sch, "I.sel", 0, {})),
+        ("table I.ecmp", indirect_entry(sch, "I.ecmp", {})),
+        ("table I.lb", indirect_entry(sch, "I.lb", {})),
+    ):
+        out[name] = [text_format.MessageToString(e, as_one_line=True) for e in await c.read(entity)]
+    # I.sel2 holds one-shot groups: a read of every profile's members meets PI's mixing rule.
+    try:
+        out["members of all profiles"] = len(await c.read(p4r.Entity(action_profile_member=p4r.ActionProfileMember())))
+    except grpc.aio.AioRpcError as exc:
+        out["members of all profiles"] = exc.code().name
+    return out
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in (
@@ -391,5 +522,6 @@ CASES: dict[str, Case] = {
         Case("replication", replication_frames(), setup=replication_setup, state=replication_state),
         Case("header_union", union_frames(), setup=union_setup),
         Case("header_union_stack", union_stack_frames(), setup=union_stack_setup),
+        Case("action_selector", selector_frames(), setup=selector_setup, state=selector_state, ports=tuple(range(7))),
     )
 }

@@ -22,6 +22,7 @@ from scapy.layers.l2 import Ether
 from corpus_cases import (
     CASES,
     CORPUS,
+    ROUTER_SRC,
     classify_entry,
     elem_a,
     elem_b,
@@ -440,6 +441,58 @@ def test_union_stack_field_as_parser_key() -> None:
         assert program.process(0, frame) == [(1, frame[:15] + bytes([seen]) + frame[16:])]
 
 
+async def test_action_profile_and_selectors(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "action_selector")
+    out = run(device, "action_selector")
+    frames = [f for _, f in CASES["action_selector"].frames]
+
+    def routed(frame: bytes, port: int) -> bytes:
+        # set_nhop: destination MAC 02:00:00:00:01:<port>, route()'s source MAC, TTL - 1 (no checksum update).
+        head = (0x020000000100 + port).to_bytes(6, "big") + ROUTER_SRC.to_bytes(6, "big") + frame[12:22]
+        return head + bytes([frame[22] - 1]) + frame[23:]
+
+    assert out[0] == [(1, frames[0])]  # l2's member 1: to_port(1)
+    assert out[1] == []  # member 3: drop
+    # l2 misses: p4c gives bmv2 no default action for a table with an action profile, so none runs (the
+    # P4 default_action and the P4Info's initial_default_action notwithstanding); egress_spec stays 0.
+    assert out[2] == [(0, frames[2])]
+    assert out[3] == [(0, frames[3][:6] + ROUTER_SRC.to_bytes(6, "big") + frames[3][12:])]  # route, not IPv4
+    # ecmp's group 100 holds members 10, 11 (weight 2) and 12; bmv2 chooses among their copies in handle
+    # order: member 12 (made first), 10, 11, then 11's second copy (made by the group MODIFY), so port
+    # 3, 1, 2, 2 for crc16(srcAddr, protocol, srcPort, dstPort) % 4.
+    group_ports = [3, 1, 2, 2]
+    for k in range(12):
+        f = frames[4 + k]
+        h = crc16_arc(f[26:30] + f[23:24] + f[34:38])
+        assert out[4 + k] == [(group_ports[h % 4], routed(f, group_ports[h % 4]))], k
+    assert len({p for o in out[4:16] for p, _ in o}) == 3  # the flows spread over all three ports
+    tcp = frames[16]  # no UDP header: its fields are left out of the hash input
+    port = group_ports[crc16_arc(tcp[26:30] + tcp[23:24]) % 4]
+    assert out[16] == [(port, routed(tcp, port))]
+    assert out[17] == [(3, routed(frames[17], 3))]  # 10.2/16: member 12 itself
+    assert out[18] == [(4, routed(frames[18], 4))]  # 10.3/16: group 101, member 13 alone
+    assert out[19] == [(0, frames[19][:6] + ROUTER_SRC.to_bytes(6, "big") + frames[19][12:])]  # lb, ecmp miss
+    # lb's one-shot set: set_nhop(5) twice (weight 2), then set_nhop(6), chosen by crc32(srcAddr, dstPort) % 3.
+    for k in range(8):
+        f = frames[20 + k]
+        port = [5, 5, 6][zlib.crc32(f[26:30] + f[36:38]) % 3]
+        assert out[20 + k] == [(port, routed(f, port))], k
+    state = await CASES["action_selector"].state(c, schema("action_selector"))
+    assert [_field(m, "member_id") for m in state["members I.ap"]] == [1, 2, 3]
+    # A wildcard read lists every bmv2 member, copies included, in handle order (PI reads them so).
+    assert [_field(m, "member_id") for m in state["members I.sel"]] == [12, 10, 11, 13, 11]
+    assert [_field(m, "member_id") for m in state["member 11"]] == [11]
+    assert [_field(g, "group_id") for g in state["groups I.sel"]] == [100, 101]
+    assert "members { member_id: 11 weight: 2 }" in str(state["groups I.sel"][0])
+    assert len(state["table I.lb"]) == 1 and "weight: 2" in str(state["table I.lb"][0])
+    assert state["members of all profiles"] == "INVALID_ARGUMENT"  # I.sel2 is programmed one-shot
+
+
+def _field(text: object, name: str) -> int:
+    """An integer field of a one-line text-format message (its first occurrence)."""
+    return int(str(text).split(f"{name}: ", 1)[1].split()[0])
+
+
 async def test_unsupported_construct_is_refused_at_set_pipeline(in_process_target: InProcess) -> None:
     _, channel = in_process_target
     c = await connect(channel, 5)
@@ -460,8 +513,10 @@ def _doc(name: str) -> dict[str, Any]:
     return json.loads((CORPUS / f"{name}.json").read_text())  # type: ignore[no-any-return]
 
 
-def _with_profile(doc: dict[str, Any]) -> None:
-    doc["pipelines"][0]["action_profiles"] = [{"name": "ap", "id": 0, "max_size": 4}]
+def _with_old_profile(doc: dict[str, Any]) -> None:
+    # bmv2's old JSON format: the indirect table names its own profile (act_prof_name).
+    table = doc["pipelines"][0]["tables"][0]
+    table["type"], table["act_prof_name"] = "indirect", "ap"
 
 
 def _with_timeout(doc: dict[str, Any]) -> None:
@@ -491,7 +546,7 @@ def _with_runtime_data_index(doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("name", "mutate", "construct"),
     [
-        ("ipv4_csum", _with_profile, "action_profiles"),
+        ("ipv4_csum", _with_old_profile, "old JSON format"),
         ("ipv4_csum", _with_timeout, "idle timeout"),
         ("ipv4_csum", _with_varbit, "variable-length"),
         ("hashes", _with_random_hash, "hash algorithm round_robin"),

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from finsy.proto import p4i, p4r
 
+from .profile_mgr import MANUAL
 from .runtime import Pipeline
 from .server import Device
 
@@ -95,9 +96,12 @@ def clone(device: Device, honest: Pipeline) -> Pipeline:
     config = p4r.ForwardingPipelineConfig(p4info=honest.p4info, p4_device_config=honest.device_config)
     config.cookie.cookie = honest.cookie
     copy = device.build_pipeline(config)
+    _clone_profiles(honest, copy)
     for entity in honest.read(p4r.Entity(table_entry=p4r.TableEntry())):
         copy.write(p4r.Update(type=p4r.Update.INSERT, entity=entity))
     for t in honest.p4info.tables:  # default actions (the lease among them): a wildcard read leaves them out
+        if t.implementation_id:  # tables with an action profile have no default action to set
+            continue
         default = p4r.TableEntry(table_id=t.preamble.id, is_default_action=True)
         for entity in honest.read(p4r.Entity(table_entry=default)):
             if not t.const_default_action_id:
@@ -110,6 +114,21 @@ def clone(device: Device, honest: Pipeline) -> Pipeline:
         for entity in honest.read(p4r.Entity(register_entry=p4r.RegisterEntry(register_id=r.preamble.id))):
             copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
     return copy
+
+
+def _clone_profiles(honest: Pipeline, copy: Pipeline) -> None:
+    # Members and groups before the entries that name them; one-shot action sets come with their entries.
+    # The copy's bmv2 handles may differ (gaps, weighted copies), and with them which member a flow gets.
+    for pid, pb in honest.profiles.items():
+        if pb.mgr.mode != MANUAL:
+            continue
+        seen: set[int] = set()
+        for entity in honest.read(p4r.Entity(action_profile_member=p4r.ActionProfileMember(action_profile_id=pid))):
+            if entity.action_profile_member.member_id not in seen:  # a wildcard read lists weighted copies
+                seen.add(entity.action_profile_member.member_id)
+                copy.write(p4r.Update(type=p4r.Update.INSERT, entity=entity))
+        for entity in honest.read(p4r.Entity(action_profile_group=p4r.ActionProfileGroup(action_profile_id=pid))):
+            copy.write(p4r.Update(type=p4r.Update.INSERT, entity=entity))
 
 
 def _b64(message: Any) -> str:

@@ -23,7 +23,8 @@ from typing import Any
 
 from .errors import ProgramError, UnsupportedConstruct
 from .externs import RED, Clock, CounterArray, MeterArray, RegisterArray, ValueSet
-from .hashes import algorithm
+from .hashes import HashFn, algorithm
+from .profiles import NO_ACTION, ActionProfile
 from .tables import Entry, KeyField, Table
 
 DROP_PORT = 511  # simple_switch's default drop port; mark_to_drop sets egress_spec to it.
@@ -161,6 +162,10 @@ class TableDef:
     key_names: list[str] = field(default_factory=list)
     direct_meter: DirectMeterDef | None = None
     direct_counter: str | None = None
+    # Indirect tables: the action profile their entries point into, and whether they may point at
+    # groups (bmv2's table type indirect_ws).
+    profile: ActionProfile | None = None
+    with_selection: bool = False
 
 
 class Program:
@@ -191,6 +196,7 @@ class Program:
         self.registers: dict[str, RegisterArray] = {}
         self.actions: dict[int, ActionDef] = {}
         self.tables: dict[str, TableDef] = {}
+        self.profiles: dict[str, ActionProfile] = {}
         self._action_docs: dict[int, dict[str, Any]] = {}
         self._table_keys: dict[str, list[str]] = {}  # a table's key components as generated source
         self._load_layout()
@@ -411,9 +417,21 @@ class Program:
         for key in ("learn_lists", "extern_instances"):
             if self._list(key):
                 raise UnsupportedConstruct(key, "program")
-        for pipe in self._list("pipelines"):
-            if pipe.get("action_profiles"):
-                raise UnsupportedConstruct("action_profiles", f"pipeline {pipe.get('name')}")
+
+    def _load_profiles(self, pipe: dict[str, Any]) -> None:
+        for ap in pipe.get("action_profiles", []) or []:
+            name = ap.get("name")
+            where = f"action profile {name}"
+            if not isinstance(name, str) or name in self.profiles:
+                raise ProgramError(f"bmv2 JSON: {where}: missing or duplicate name")
+            selector = None
+            if "selector" in ap:
+                sel = ap["selector"]
+                inputs = sel.get("input", [])
+                if any(i.get("type") != "field" for i in inputs):
+                    raise ProgramError(f"bmv2 JSON: {where}: selector inputs must be fields")
+                selector = _calc_fn(self._calc_items(inputs, where), self._hash_fn(sel.get("algo"), where))
+            self.profiles[name] = ActionProfile(name, selector)
 
     # ---------------------------------------------------------------- expressions
 
@@ -1219,12 +1237,20 @@ class Program:
         calc = self._calcs.get(name) if isinstance(name, str) else None
         if calc is None:
             raise ProgramError(f"bmv2 JSON: unknown calculation {name!r} in {where}")
-        algo = calc.get("algo")
+        here = f"calculation {name} in {where}"
+        return _calc_fn(self._calc_items(calc.get("input", []), here), self._hash_fn(calc.get("algo"), here))
+
+    @staticmethod
+    def _hash_fn(algo: Any, where: str) -> HashFn:
         fn = algorithm(algo) if isinstance(algo, str) else None
         if fn is None:
-            raise UnsupportedConstruct(f"hash algorithm {algo}", f"calculation {name} in {where}")
-        items: list[tuple[int, int, int, int]] = []  # (field index or -1, width, header index or -1, constant)
-        for item in calc.get("input", []):
+            raise UnsupportedConstruct(f"hash algorithm {algo}", where)
+        return fn
+
+    def _calc_items(self, inputs: list[dict[str, Any]], where: str) -> list[tuple[int, int, int, int]]:
+        """A calculation's input as (field index or -1, width, header index or -1, constant) items."""
+        items: list[tuple[int, int, int, int]] = []
+        for item in inputs:
             kind = item.get("type")
             if kind == "field":
                 i = self._field(item["value"], where)
@@ -1235,8 +1261,8 @@ class Program:
             elif kind == "hexstr":
                 items.append((-1, int(item["bitwidth"]), -1, int(item["value"], 16)))
             else:
-                raise UnsupportedConstruct(f"calculation input {kind}", f"calculation {name} in {where}")
-        return _calc_fn(items, fn)
+                raise UnsupportedConstruct(f"calculation input {kind}", where)
+        return items
 
     def _load_checksums(self) -> tuple[Stmt, Stmt]:
         verifies: list[Stmt] = []
@@ -1268,6 +1294,7 @@ class Program:
 
     def _load_pipeline(self, pipe: dict[str, Any]) -> Callable[[Packet], None]:
         pname = pipe.get("name", "?")
+        self._load_profiles(pipe)
         nodes: dict[str, Callable[[Packet], str | None]] = {}
         tables: dict[str, TableDef] = {}
         for t in pipe.get("tables", []):
@@ -1309,8 +1336,7 @@ class Program:
         where = f"table {t.get('name')}"
         if t.get("support_timeout"):
             raise UnsupportedConstruct("idle timeout (support_timeout)", where)
-        if t.get("type", "simple") != "simple":
-            raise UnsupportedConstruct(f"table type {t.get('type')}", where)
+        profile, with_selection = self._table_profile(t, where)
         dmeter = None
         if t.get("direct_meters"):
             dmeter = self.direct_meters.get(str(t["direct_meters"]))
@@ -1352,8 +1378,14 @@ class Program:
         for aid, aname in zip(action_ids, action_names, strict=False):
             next_by_action[aid] = next_tables.get(aname, base_next)
         default = t.get("default_entry") or {}
-        default_id = int(default.get("action_id", action_ids[0] if action_ids else -1))
-        if default_id not in self.actions:
+        # Without a default_entry a miss runs no action and goes on at base_default_next (bmv2's
+        # default_default_entry). After a lookup that yields an empty group bmv2 leaves the next node
+        # undefined (MatchTableIndirect::lookup returns before setting it) and simple_switch_grpc
+        # 1.15.2 dies on that packet; this target runs no action and goes there too.
+        default_id = int(default["action_id"]) if "action_id" in default else NO_ACTION
+        if default_id == NO_ACTION or with_selection:
+            next_by_action[NO_ACTION] = base_next
+        elif default_id not in self.actions:
             raise ProgramError(f"bmv2 JSON: {where} has no valid default action")
         tdef = TableDef(
             name=t["name"],
@@ -1372,11 +1404,30 @@ class Program:
             key_names=names,
             direct_meter=dmeter,
             direct_counter=self.direct_counters.get(t["name"]),
+            profile=profile,
+            with_selection=with_selection,
         )
+        if profile is not None and t.get("entries"):
+            raise UnsupportedConstruct("const entries in an indirect table", where)
         for ce in t.get("entries", []) or []:
             tdef.table.insert(self._const_entry(ce, key_fields, where))
             tdef.const_entries = True
         return tdef
+
+    def _table_profile(self, t: dict[str, Any], where: str) -> tuple[ActionProfile | None, bool]:
+        """The action profile of an indirect table (none for a simple one), and whether it selects."""
+        kind = t.get("type", "simple")
+        if kind == "simple":
+            return None, False
+        if kind not in ("indirect", "indirect_ws"):
+            raise UnsupportedConstruct(f"table type {kind}", where)
+        name = t.get("action_profile")
+        if name is None:
+            raise UnsupportedConstruct("indirect table without action_profile (old JSON format)", where)
+        profile = self.profiles.get(name) if isinstance(name, str) else None
+        if profile is None:
+            raise ProgramError(f"bmv2 JSON: {where} refers to unknown action profile {name!r}")
+        return profile, kind == "indirect_ws"
 
     def _const_entry(self, ce: dict[str, Any], key: list[KeyField], where: str) -> Entry:
         match: list[Any] = []
@@ -1409,7 +1460,7 @@ class Program:
         actions = self.actions
         with_counters = tdef.with_counters
 
-        if tdef.direct_meter is not None:
+        if tdef.direct_meter is not None or tdef.profile is not None or tdef.default_action_id == NO_ACTION:
             return self._metered_table_node(tdef)
 
         def apply(p: Packet) -> str | None:
@@ -1449,26 +1500,36 @@ class Program:
         return apply_keyless
 
     def _metered_table_node(self, tdef: TableDef) -> Callable[[Packet], str | None]:
-        # bmv2 executes a direct meter only on a hit, before the action, into the meter's result field.
+        # Tables with a direct meter, an action profile or no default entry (no keyless shortcut).
+        # bmv2 executes a direct meter only on a hit, before the action, into the meter's result
+        # field; an indirect entry's action is its member's, or that of a member of its group.
         dm = tdef.direct_meter
-        assert dm is not None
-        table, key_fn, actions, now = tdef.table, tdef.key_fn, self.actions, self.clock.now_us
-        out, omask, by_bytes = dm.result, (1 << self.field_width[dm.result]) - 1, dm.unit == "bytes"
+        table, key_fn, now = tdef.table, tdef.key_fn, self.clock.now_us
+        bodies = {aid: a.body for aid, a in self.actions.items()}
+        bodies[NO_ACTION] = _no_action
+        out = dm.result if dm is not None else -1  # -1: no direct meter
+        omask = self._mask(out) if dm is not None else 0
+        by_bytes = dm is not None and dm.unit == "bytes"
         with_counters = tdef.with_counters
+        pick = tdef.profile.picker() if tdef.profile is not None else None
 
         def apply_metered(p: Packet) -> str | None:
             entry = table.lookup(key_fn(p))
             if entry is not None:
-                aid, data = entry.action_id, entry.action_data
+                if pick is None:
+                    aid, data = entry.action_id, entry.action_data
+                else:
+                    aid, data = pick(p, entry.member, entry.group)
                 if with_counters:
                     entry.packets += 1
                     entry.bytes += p.length
-                meter = entry.meter
-                color = meter.execute(p.length if by_bytes else 1, now()) if meter is not None else 0
-                p.f[out] = color & omask
+                if out >= 0:
+                    meter = entry.meter
+                    color = meter.execute(p.length if by_bytes else 1, now()) if meter is not None else 0
+                    p.f[out] = color & omask
             else:
                 aid, data = tdef.default_action_id, tdef.default_action_data
-            actions[aid].body(p, data)
+            bodies[aid](p, data)
             if tdef.uses_hit_miss:
                 return tdef.next_hit if entry is not None else tdef.next_miss
             return tdef.next_by_action.get(aid)
@@ -1634,6 +1695,7 @@ class Program:
                 ipdom[n] = next(x for x in chain(distinct[0]) if all(x in o for o in others))
         env = self._env()
         env["_A"] = {aid: a.body for aid, a in self.actions.items()}
+        env["_A"][NO_ACTION] = _no_action
         lines: list[str] = []
 
         def emit(text: str, ind: int) -> None:
@@ -1701,7 +1763,8 @@ class Program:
         with a const default action (p4c's tbl_* for statements outside actions) runs that action's
         statements directly while it holds no entry.
         """
-        fast = not tdef.key_names and not tdef.const_entries and tdef.default_const and tdef.direct_meter is None
+        fast = not tdef.key_names and not tdef.const_entries and tdef.default_const
+        fast = fast and tdef.direct_meter is None and tdef.profile is None
         if fast:
             emit(f"if {_bind(env, tdef.table.entries)}:", ind)
             self._table_general(tdef, env, emit, ind + 1)
@@ -1721,7 +1784,10 @@ class Program:
         emit("if e is None:", ind)
         emit(f"aid = {d}.default_action_id; ad = {d}.default_action_data", ind + 1)
         emit("else:", ind)
-        emit("aid = e.action_id; ad = e.action_data", ind + 1)
+        if tdef.profile is not None:
+            emit(f"aid, ad = {_bind(env, tdef.profile.picker())}(p, e.member, e.group)", ind + 1)
+        else:
+            emit("aid = e.action_id; ad = e.action_data", ind + 1)
         if tdef.with_counters:
             emit("e.packets += 1; e.bytes += p.length", ind + 1)
         dm = tdef.direct_meter
@@ -2159,6 +2225,10 @@ def _calc_fn(items: list[tuple[int, int, int, int]], fn: Callable[[bytes], int])
         return fn((value << pad).to_bytes((nbits + pad) // 8, "big"))
 
     return compute
+
+
+def _no_action(p: Packet, ad: list[int]) -> None:
+    """What a miss without a default entry, or a lookup yielding an empty group, runs: nothing."""
 
 
 def _verify_stmt(compute: Callable[[Packet], int], target: int, th: int, cond: Expr | None, cerr: int) -> Stmt:

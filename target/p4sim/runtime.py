@@ -14,19 +14,12 @@ from dataclasses import dataclass
 import grpc
 from finsy.proto import p4i, p4r
 
-from .errors import ProgramError, UnsupportedConstruct
+from .errors import P4RuntimeError, ProgramError, UnsupportedConstruct
 from .externs import CounterArray, Meter, RegisterArray, ValueSet, configure_meter, meter_config
+from .profile_mgr import MANUAL, ONESHOT, ProfileManager
+from .profiles import NO_ACTION
 from .program import Program, TableDef
 from .tables import Entry
-
-
-class P4RuntimeError(Exception):
-    """A P4Runtime request error carrying its gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _invalid(msg: str) -> P4RuntimeError:
@@ -51,6 +44,16 @@ def encode_bytes(value: int) -> bytes:
 
 
 @dataclass
+class ProfileBinding:
+    """A P4Info action profile bound to its bmv2 profile, with PI's manager for it."""
+
+    info: p4i.ActionProfile
+    mgr: ProfileManager
+    action_ids: dict[int, int]  # P4Info action id -> JSON action id, over the profile's tables
+    json_to_info_action: dict[int, int]
+
+
+@dataclass
 class TableBinding:
     """A P4Info table bound to its compiled table."""
 
@@ -59,6 +62,7 @@ class TableBinding:
     action_ids: dict[int, int]  # P4Info action id -> JSON action id
     json_to_info_action: dict[int, int]
     match_fields: list[p4i.MatchField]
+    profile: ProfileBinding | None = None  # an indirect table's action profile
 
 
 class Pipeline:
@@ -77,6 +81,7 @@ class Pipeline:
         self.vset_members: dict[int, list[p4r.ValueSetMember]] = {}
         self.direct_counters: dict[int, TableBinding] = {}  # direct counter id -> its table
         self.direct_meters: dict[int, TableBinding] = {}
+        self.profiles: dict[int, ProfileBinding] = {}
         self.action_info: dict[int, p4i.Action] = {a.preamble.id: a for a in p4info.actions}
         self._bind()
 
@@ -129,6 +134,29 @@ class Pipeline:
                 raise ProgramError(f"P4Info meter {m.preamble.name!r} is not in the bmv2 JSON")
             self.meters[m.preamble.id] = m
         self._bind_direct_and_stateful()
+        self._bind_profiles()
+
+    def _bind_profiles(self) -> None:
+        for ap in self.p4info.action_profiles:
+            name = ap.preamble.name
+            profile = self.program.profiles.get(name)
+            if profile is None:
+                raise ProgramError(f"P4Info action profile {name!r} is not in the bmv2 JSON")
+            if ap.with_selector != (profile.selector is not None):
+                raise ProgramError(f"P4Info action profile {name!r}: with_selector differs from the bmv2 JSON")
+            users = [b for b in self.tables.values() if b.info.implementation_id == ap.preamble.id]
+            ids = {info: json for b in users for info, json in b.action_ids.items()}
+            pb = ProfileBinding(ap, ProfileManager(profile, ap.max_group_size), ids, {v: k for k, v in ids.items()})
+            self.profiles[ap.preamble.id] = pb
+            for b in users:
+                if b.tdef.profile is not profile:
+                    raise ProgramError(
+                        f"P4Info table {b.info.preamble.name!r}: action profile differs from the bmv2 JSON"
+                    )
+                b.profile = pb
+        for b in self.tables.values():
+            if b.tdef.profile is not None and b.profile is None:
+                raise ProgramError(f"P4Info table {b.info.preamble.name!r} has no action profile, the bmv2 JSON one")
 
     def _bind_direct_and_stateful(self) -> None:
         prog = self.program
@@ -175,6 +203,10 @@ class Pipeline:
             self._write_value_set(update.type, update.entity.value_set_entry)
         elif kind == "packet_replication_engine_entry":
             self._write_pre(update.type, update.entity.packet_replication_engine_entry)
+        elif kind == "action_profile_member":
+            self._write_member(update.type, update.entity.action_profile_member)
+        elif kind == "action_profile_group":
+            self._write_group(update.type, update.entity.action_profile_group)
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"entity {kind} is not supported by this target")
 
@@ -243,7 +275,7 @@ class Pipeline:
 
     def _action(self, b: TableBinding, te: p4r.TableEntry, default: bool) -> tuple[int, list[int]]:
         if te.action.WhichOneof("type") != "action":
-            raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, "action profiles are not supported by this target")
+            raise _invalid(f"Cannot provide indirect action for direct table {b.info.preamble.id}")
         a = te.action.action
         json_id = b.action_ids.get(a.action_id)
         if json_id is None:
@@ -253,15 +285,25 @@ class Pipeline:
             raise _invalid(f"action id {a.action_id} may not be a default action")
         if not default and ref.scope == p4i.ActionRef.Scope.DEFAULT_ONLY:
             raise _invalid(f"action id {a.action_id} may only be a default action")
+        return json_id, self._action_data(a)
+
+    def _action_data(self, a: p4r.Action) -> list[int]:
+        """An action's parameters as values, in P4Info order (the action id is known to be valid)."""
         ainfo = self.action_info[a.action_id]
         given = {p.param_id: p.value for p in a.params}
         if len(given) != len(a.params) or set(given) != {p.id for p in ainfo.params}:
             raise _invalid(f"action {ainfo.preamble.name}: parameters must be exactly {[p.name for p in ainfo.params]}")
-        data = [
+        return [
             decode_bytes(given[p.id], p.bitwidth, f"action {ainfo.preamble.name} param {p.name!r}")
             for p in ainfo.params
         ]
-        return json_id, data
+
+    def _p4r_action(self, info_aid: int, data: list[int]) -> p4r.Action:
+        """An action as reads return it: parameters in P4Info order, canonical byte strings."""
+        out = p4r.Action(action_id=info_aid)
+        for p, v in zip(self.action_info[info_aid].params, data, strict=False):
+            out.params.add(param_id=p.id, value=encode_bytes(v))
+        return out
 
     def _write_table(self, kind: int, te: p4r.TableEntry) -> None:
         b = self._binding(te.table_id)
@@ -269,6 +311,8 @@ class Pipeline:
         if te.is_default_action:
             if kind != p4r.Update.MODIFY:
                 raise _invalid("the default entry can only be modified")
+            if b.profile is not None:  # P4Runtime: tables with an action profile have no default action
+                raise _invalid(f"Cannot set / reset default action for indirect table {b.info.preamble.id}")
             if te.match:
                 raise _invalid("a default entry has no match fields")
             if tdef.default_const:
@@ -284,6 +328,9 @@ class Pipeline:
         if tdef.const_entries or b.info.is_const_table:
             raise P4RuntimeError(grpc.StatusCode.PERMISSION_DENIED, f"table {b.info.preamble.name} is const")
         match, prio = self._match(b, te)
+        if b.profile is not None:
+            self._write_indirect(kind, b, te, match, prio)
+            return
         ident = tdef.table.identity(match, prio)
         existing = tdef.table.entries.get(ident)
         if kind == p4r.Update.INSERT:
@@ -298,12 +345,7 @@ class Pipeline:
                 )
             aid, data = self._action(b, te, default=False)
             entry = Entry(match, aid, data, prio, meta={"entity": _stored(te)})
-            if te.HasField("counter_data"):
-                entry.packets, entry.bytes = te.counter_data.packet_count, te.counter_data.byte_count
-            if tdef.direct_meter is not None:
-                entry.meter = Meter()
-                if te.HasField("meter_config"):
-                    self._configure(entry.meter, te.meter_config, b.info.preamble.name)
+            self._new_entry_resources(b, entry, te)
             tdef.table.insert(entry)
         elif kind == p4r.Update.MODIFY:
             if existing is None:
@@ -311,11 +353,7 @@ class Pipeline:
             aid, data = self._action(b, te, default=False)
             # Swap action in place: one assignment of a tuple keeps the packet path consistent.
             existing.action_id, existing.action_data = aid, data
-            existing.meta["entity"] = _stored(te)
-            if te.HasField("meter_config") and existing.meter is not None:
-                self._configure(existing.meter, te.meter_config, b.info.preamble.name)
-            if te.HasField("counter_data"):
-                existing.packets, existing.bytes = te.counter_data.packet_count, te.counter_data.byte_count
+            self._modified_entry_resources(b, existing, te)
         elif kind == p4r.Update.DELETE:
             if existing is None:
                 raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
@@ -323,11 +361,198 @@ class Pipeline:
         else:
             raise _invalid(f"update type {kind} is not valid")
 
+    def _new_entry_resources(self, b: TableBinding, entry: Entry, te: p4r.TableEntry) -> None:
+        if te.HasField("counter_data"):
+            entry.packets, entry.bytes = te.counter_data.packet_count, te.counter_data.byte_count
+        if b.tdef.direct_meter is not None:
+            entry.meter = Meter()
+            if te.HasField("meter_config"):
+                self._configure(entry.meter, te.meter_config, b.info.preamble.name)
+
+    def _modified_entry_resources(self, b: TableBinding, entry: Entry, te: p4r.TableEntry) -> None:
+        entry.meta["entity"] = _stored(te)
+        if te.HasField("meter_config") and entry.meter is not None:
+            self._configure(entry.meter, te.meter_config, b.info.preamble.name)
+        if te.HasField("counter_data"):
+            entry.packets, entry.bytes = te.counter_data.packet_count, te.counter_data.byte_count
+
+    # ---------------------------------------------------------------- indirect tables and action profiles
+
+    def _write_indirect(
+        self, kind: int, b: TableBinding, te: p4r.TableEntry, match: tuple[object, ...], prio: int
+    ) -> None:
+        """An entry of a table with an action profile: it points at a member, a group or a one-shot group."""
+        assert b.profile is not None
+        table, mgr = b.tdef.table, b.profile.mgr
+        existing = table.entries.get(table.identity(match, prio))
+        if kind == p4r.Update.DELETE:
+            if existing is None:
+                raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
+            table.remove(match, prio)
+            mgr.profile.unref(existing.member, existing.group)
+            if existing.meta.get("oneshot"):
+                mgr.oneshot_delete(existing.group)
+            return
+        if kind not in (p4r.Update.INSERT, p4r.Update.MODIFY):
+            raise _invalid(f"update type {kind} is not valid")
+        if not te.HasField("action"):
+            raise _invalid("'action' field must be set")
+        member, group, oneshot = self._indirect_target(b, te)
+        try:
+            if kind == p4r.Update.INSERT:
+                entry = Entry(match, -1, [], prio, meta={"oneshot": oneshot}, member=member, group=group)
+                self._insert_indirect(b, te, existing, entry)
+            else:
+                self._modify_indirect(b, te, existing, member, group, oneshot)
+        except P4RuntimeError:
+            if oneshot:
+                mgr.oneshot_delete(group)
+            raise
+
+    def _insert_indirect(self, b: TableBinding, te: p4r.TableEntry, existing: Entry | None, entry: Entry) -> None:
+        assert b.profile is not None
+        table = b.tdef.table
+        if existing is not None:
+            raise P4RuntimeError(
+                grpc.StatusCode.ALREADY_EXISTS, "match entry exists, use MODIFY if you wish to change action"
+            )
+        if len(table) >= table.size:
+            raise P4RuntimeError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"table {b.info.preamble.name} is full ({table.size} entries)"
+            )
+        self._check_indirect(b, entry.group, "Error when adding match entry to target")
+        entry.meta["entity"] = _stored(te)
+        self._new_entry_resources(b, entry, te)
+        b.profile.mgr.profile.ref(entry.member, entry.group)
+        table.insert(entry)
+
+    def _modify_indirect(
+        self, b: TableBinding, te: p4r.TableEntry, existing: Entry | None, member: int, group: int, oneshot: bool
+    ) -> None:
+        assert b.profile is not None
+        if existing is None:
+            raise P4RuntimeError(grpc.StatusCode.NOT_FOUND, "cannot find match entry")
+        # bmv2's modify_entry drops the old reference before it checks the new target and does not
+        # restore it when the check fails: the entry then points at a member or group that may be
+        # deleted (its packets keep the stale action; PI fails reading the table, INTERNAL).
+        b.profile.mgr.profile.unref(existing.member, existing.group)
+        self._check_indirect(b, group, "Error when modifying match entry in target")
+        old_oneshot = existing.group if existing.meta.get("oneshot") else -1
+        self._repoint(b, existing, member, group)
+        existing.meta["oneshot"] = oneshot
+        self._modified_entry_resources(b, existing, te)
+        if old_oneshot >= 0:
+            b.profile.mgr.oneshot_delete(old_oneshot)
+
+    def _indirect_target(self, b: TableBinding, te: p4r.TableEntry) -> tuple[int, int, bool]:
+        """(member handle, group handle, one-shot) of an indirect entry's action; a one-shot action set
+        gets its group made here, as PI makes it before adding the entry."""
+        assert b.profile is not None
+        mgr, which = b.profile.mgr, te.action.WhichOneof("type")
+        if which == "action_profile_member_id":
+            return *mgr.handle(te.action.action_profile_member_id, None), False
+        if which == "action_profile_group_id":
+            return *mgr.handle(None, te.action.action_profile_group_id), False
+        if which != "action_profile_action_set":
+            raise _invalid(f"Cannot provide direct action for indirect table {b.info.preamble.id}")
+        mgr.use(ONESHOT)
+        actions = te.action.action_profile_action_set.action_profile_actions
+        if not actions:
+            raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, "No support for empty action profile groups")
+        for a in actions:
+            _refuse_watch(a, "action_profile_action_set")
+        converted = [(*self._profile_action(b.profile, a.action), a.weight) for a in actions]
+        return -1, mgr.oneshot_create(converted), True
+
+    @staticmethod
+    def _check_indirect(b: TableBinding, group: int, message: str) -> None:
+        # bmv2 refuses a group in a table without a selector (WRONG_TABLE_TYPE) and an empty group
+        # (EMPTY_GRP); PI reports either as UNKNOWN.
+        assert b.profile is not None
+        if group >= 0 and (not b.tdef.with_selection or not b.profile.mgr.profile.groups[group]):
+            raise P4RuntimeError(grpc.StatusCode.UNKNOWN, message)
+
+    @staticmethod
+    def _repoint(b: TableBinding, entry: Entry, member: int, group: int) -> None:
+        assert b.profile is not None
+        b.profile.mgr.profile.ref(member, group)  # the old reference is already dropped
+        # The packet path reads the group first: set a group before clearing the member, and the other
+        # way round, so that it never sees neither.
+        if group >= 0:
+            entry.group, entry.member = group, member
+        else:
+            entry.member, entry.group = member, group
+
+    def _profile(self, profile_id: int) -> ProfileBinding:
+        pb = self.profiles.get(profile_id)
+        if pb is None:
+            raise _invalid(f"action profile id {profile_id} is not in the P4Info (Invalid P4 id)")
+        return pb
+
+    def _profile_action(self, pb: ProfileBinding, a: p4r.Action) -> tuple[int, list[int]]:
+        if a.action_id not in self.action_info:
+            raise _invalid(f"action id {a.action_id} is not in the P4Info (Invalid P4 id)")
+        json_id = pb.action_ids.get(a.action_id)
+        if json_id is None:
+            raise _invalid(f"Invalid action for action profile: action id {a.action_id}")
+        return json_id, self._action_data(a)
+
+    def _write_member(self, kind: int, m: p4r.ActionProfileMember) -> None:
+        pb = self._profile(m.action_profile_id)
+        mgr = pb.mgr
+        mgr.use(MANUAL)
+        if kind == p4r.Update.DELETE:
+            mgr.member_delete(m.member_id)
+        elif kind in (p4r.Update.INSERT, p4r.Update.MODIFY):
+            aid, data = self._profile_action(pb, m.action)
+            if kind == p4r.Update.INSERT:
+                mgr.member_insert(m.member_id, aid, data)
+            else:
+                mgr.member_modify(m.member_id, aid, data)
+        else:
+            raise _invalid(f"update type {kind} is not valid")
+
+    def _write_group(self, kind: int, g: p4r.ActionProfileGroup) -> None:
+        mgr = self._profile(g.action_profile_id).mgr
+        mgr.use(MANUAL)
+        for m in g.members:
+            _refuse_watch(m, f"group {g.group_id} member {m.member_id}")
+        wanted = [(m.member_id, m.weight) for m in g.members]
+        if kind == p4r.Update.INSERT:
+            mgr.group_insert(g.group_id, g.max_size, wanted)
+        elif kind == p4r.Update.MODIFY:
+            mgr.group_modify(g.group_id, g.max_size, wanted)
+        elif kind == p4r.Update.DELETE:
+            mgr.group_delete(g.group_id)
+        else:
+            raise _invalid(f"update type {kind} is not valid")
+
+    def _read_members(self, req: p4r.ActionProfileMember) -> Iterator[p4r.Entity]:
+        for pid in [req.action_profile_id] if req.action_profile_id else list(self.profiles):
+            pb = self._profile(pid)
+            pb.mgr.use(MANUAL)
+            for member_id, aid, data in pb.mgr.read_members(req.member_id):
+                out = p4r.ActionProfileMember(action_profile_id=pid, member_id=member_id)
+                out.action.CopyFrom(self._p4r_action(pb.json_to_info_action[aid], data))
+                yield p4r.Entity(action_profile_member=out)
+
+    def _read_groups(self, req: p4r.ActionProfileGroup) -> Iterator[p4r.Entity]:
+        for pid in [req.action_profile_id] if req.action_profile_id else list(self.profiles):
+            pb = self._profile(pid)
+            pb.mgr.use(MANUAL)
+            for group_id, max_size, members in pb.mgr.read_groups(req.group_id):
+                out = p4r.ActionProfileGroup(action_profile_id=pid, group_id=group_id, max_size=max_size)
+                for member_id, weight in members:
+                    out.members.add(member_id=member_id, weight=weight)
+                yield p4r.Entity(action_profile_group=out)
+
     def _json_default(self, tdef: TableDef) -> tuple[int, list[int]]:
         for t in self.program.doc["pipelines"]:
             for jt in t.get("tables", []):
                 if jt["name"] == tdef.name:
                     d = jt.get("default_entry") or {}
+                    if "action_id" not in d:  # bmv2's default_default_entry: no action
+                        return NO_ACTION, []
                     return int(d["action_id"]), [int(x, 16) for x in d.get("action_data", [])]
         return tdef.default_action_id, tdef.default_action_data
 
@@ -392,6 +617,10 @@ class Pipeline:
             yield from self._read_value_sets(entity.value_set_entry)
         elif kind == "packet_replication_engine_entry":
             yield from self._read_pre(entity.packet_replication_engine_entry)
+        elif kind == "action_profile_member":
+            yield from self._read_members(entity.action_profile_member)
+        elif kind == "action_profile_group":
+            yield from self._read_groups(entity.action_profile_group)
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"reading {kind} is not supported by this target")
 
@@ -406,10 +635,9 @@ class Pipeline:
                 tdef = b.tdef
                 te = p4r.TableEntry(table_id=b.info.preamble.id, is_default_action=True)
                 info_aid = b.json_to_info_action.get(tdef.default_action_id)
-                if info_aid is not None:
-                    te.action.action.action_id = info_aid
-                    for p, v in zip(self.action_info[info_aid].params, tdef.default_action_data, strict=False):
-                        te.action.action.params.add(param_id=p.id, value=encode_bytes(v))
+                # An indirect table reads back no default action (bmv2 has no default member set).
+                if info_aid is not None and b.profile is None:
+                    te.action.action.CopyFrom(self._p4r_action(info_aid, tdef.default_action_data))
                 yield p4r.Entity(table_entry=te)
                 continue
             match_filter = None
@@ -418,6 +646,8 @@ class Pipeline:
             for entry in list(b.tdef.table.entries.values()):
                 if match_filter is not None and (entry.match, entry.priority) != match_filter:
                     continue
+                if b.profile is not None and not b.profile.mgr.names(entry.member, entry.group):
+                    raise P4RuntimeError(grpc.StatusCode.INTERNAL, "Invalid indirect handle")
                 stored = entry.meta.get("entity")
                 te = p4r.TableEntry()
                 if stored is not None:
@@ -754,4 +984,16 @@ def _stored(te: p4r.TableEntry) -> p4r.TableEntry:
             fm.optional.value = canonical(fm.optional.value)
     for param in kept.action.action.params:
         param.value = canonical(param.value)
+    for a in kept.action.action_profile_action_set.action_profile_actions:
+        for param in a.action.params:
+            param.value = canonical(param.value)
     return kept
+
+
+def _refuse_watch(member: p4r.ActionProfileGroup.Member | p4r.ActionProfileAction, where: str) -> None:
+    # PI deactivates members whose watched port is down; this target has no port status to watch.
+    which = member.WhichOneof("watch_kind")
+    if which:
+        raise P4RuntimeError(
+            grpc.StatusCode.UNIMPLEMENTED, f"{where}: {which} (member liveness) is not supported by this target"
+        )

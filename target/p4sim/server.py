@@ -19,10 +19,10 @@ import grpc
 from finsy.proto import p4i, p4r, p4r_grpc, rpc_code, rpc_status
 from google.protobuf import any_pb2
 
-from .errors import ProgramError
+from .errors import P4RuntimeError, ProgramError
 from .externs import Clock
 from .program import Program
-from .runtime import P4RuntimeError, Pipeline
+from .runtime import Pipeline
 
 LOG = logging.getLogger(__name__)
 

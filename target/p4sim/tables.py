@@ -25,6 +25,9 @@ class Entry:
     bytes: int = 0
     # The entry's direct meter cell (externs.Meter), created when the table has a direct meter.
     meter: Any = None
+    # In an indirect table: the action profile member handle the entry points at, or its group handle.
+    member: int = -1
+    group: int = -1
 
 
 @dataclass(frozen=True)

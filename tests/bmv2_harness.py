@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import can_netns, free_port, stop, wait_port
-from dpu_lab.targets import bmv2_options
+from dpu_lab.targets import bmv2_options, bmv2_thrift_port
 from p4sim.ports import AUX_SPACE, PACKET_AUXDATA, SOL_PACKET, with_vlan_tag
 
 ETH_P_ALL = 0x0003
@@ -74,7 +74,7 @@ def bmv2_switch(ports: Iterable[int]) -> Iterator[Bmv2]:
         port = free_port()
         interfaces = [a for p, (i, _) in names.items() for a in ("-i", f"{p}@{i}")]
         proc = subprocess.Popen(
-            [exe, *bmv2_options(exe), "--device-id", "1", *interfaces, "--no-p4"]
+            [exe, *bmv2_options(bmv2_thrift_port(exe)), "--device-id", "1", *interfaces, "--no-p4"]
             + ["--", "--grpc-server-addr", f"127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import audited_scenario, can_netns
-from dpu_lab.config import load_scenario
+from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.runner import LabRun
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
@@ -41,3 +41,12 @@ def test_a_compromised_dpu_is_caught_in_real_time(tmp_path: Path, forge: bool, s
     assert r.audit["time_to_detection_s"] <= 2.5
     if forge:
         assert not r.cap_held  # read-back sees nothing wrong, the cap is gone
+
+
+def test_forging_on_bmv2_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    event = {"at_s": 3, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter", "forge": True}
+    scenario = load_scenario(audited_scenario(tmp_path, event, 1.0))
+    refused = r"phases\[0\]\.events\[0\] \(compromise of dpu-a, raise-meter\): forge: not on bmv2: .* cannot show"
+    with pytest.raises(ConfigError, match=refused):
+        LabRun(scenario, tmp_path / "out", "bmv2", "builtin").run()
+    assert not (tmp_path / "out").exists()  # refused before the network, the targets or the calibration

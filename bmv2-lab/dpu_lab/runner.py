@@ -71,7 +71,7 @@ class LabRun:
         """Run the scenario end to end."""
         sc = self.scenario
         if self.target == "bmv2":
-            bmv2_compromises(sc)
+            refuse_what_bmv2_cannot(sc)
         virtual_only = [
             what
             for what, used in (
@@ -380,7 +380,7 @@ class LabRun:
             self.net = None
 
 
-def bmv2_compromises(sc: Scenario) -> None:
+def refuse_what_bmv2_cannot(sc: Scenario) -> None:
     """Refuse, before anything starts, compromise events that bmv2 cannot carry out, naming each."""
     for pi, ph in enumerate(sc.phases):
         for ei, ev in enumerate(ph.events):

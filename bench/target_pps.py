@@ -34,7 +34,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from dpu_lab.targets import target_command
+from dpu_lab.targets import bmv2_path, bmv2_thrift_port, target_command
 from dpu_limiter import dataplane as dp
 from dpu_limiter.models import Cap, Dpu, Pod
 
@@ -112,7 +112,8 @@ def measure(kind: str, ifs: dict[int, tuple[str, str]], seconds: float) -> float
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = target_command(kind, 1, {p: sw for p, (sw, _) in ifs.items()}, f"127.0.0.1:{port}")  # type: ignore[arg-type]
+    thrift = bmv2_thrift_port(bmv2_path()) if kind == "bmv2" else None  # never bmv2's default 9090
+    cmd = target_command(kind, 1, {p: sw for p, (sw, _) in ifs.items()}, f"127.0.0.1:{port}", thrift_port=thrift)  # type: ignore[arg-type]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port, proc)

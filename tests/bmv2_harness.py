@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import can_netns, free_port, stop, wait_port
-from dpu_lab.targets import bmv2_options
+from dpu_lab.targets import bmv2_options, bmv2_thrift_port
 from p4sim.ports import AUX_SPACE, PACKET_AUXDATA, SOL_PACKET, with_vlan_tag
 
 ETH_P_ALL = 0x0003
@@ -32,6 +32,7 @@ class Bmv2:
 
     address: str
     socks: dict[int, socket.socket]
+    thrift_port: int | None = None  # its Thrift runtime API, where built with it
 
     def send(self, port: int, frame: bytes, wait: float = 0.3) -> list[tuple[int, bytes]]:
         """Send `frame` into `port` and collect every (port, frame) bmv2 emits within `wait` seconds."""
@@ -72,9 +73,10 @@ def bmv2_switch(ports: Iterable[int]) -> Iterator[Bmv2]:
                     f.write("1")
                 _link("set", ifname, "up")
         port = free_port()
+        thrift_port = bmv2_thrift_port(exe)
         interfaces = [a for p, (i, _) in names.items() for a in ("-i", f"{p}@{i}")]
         proc = subprocess.Popen(
-            [exe, *bmv2_options(exe), "--device-id", "1", *interfaces, "--no-p4"]
+            [exe, *bmv2_options(thrift_port), "--device-id", "1", *interfaces, "--no-p4"]
             + ["--", "--grpc-server-addr", f"127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -85,7 +87,7 @@ def bmv2_switch(ports: Iterable[int]) -> Iterator[Bmv2]:
             s.bind((peer, ETH_P_ALL))
             s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
             socks[p] = s
-        yield Bmv2(f"127.0.0.1:{port}", socks)
+        yield Bmv2(f"127.0.0.1:{port}", socks, thrift_port)
     finally:
         for s in socks.values():
             s.close()

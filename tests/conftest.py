@@ -63,13 +63,15 @@ def attacked_pod_caps(rate: float | str, burst_bytes: int) -> list[dict[str, obj
     ]
 
 
-def audited_scenario(tmp_path: Path, event: dict[str, object] | None, interval_s: float) -> Path:
-    """Pod a capped at 8 Mbit/s and offered twice that for 8 s (b's cap far above, so a's DPU alone holds
-    a's), audited every `interval_s`, with `event` (a compromise, say) if given."""
+def audited_scenario(
+    tmp_path: Path, event: dict[str, object] | None, interval_s: float, burst_bytes: int = 100_000
+) -> Path:
+    """Pod a capped at 8 Mbit/s with `burst_bytes` and offered twice that for 8 s (b's cap far above, so a's
+    DPU alone holds a's), audited every `interval_s`, with `event` (a compromise, say) if given."""
     doc = {
         "name": "audit",
         "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
-        "caps": attacked_pod_caps("8M", 100_000),
+        "caps": attacked_pod_caps("8M", burst_bytes),
         "audit": {"interval_s": interval_s},
         "phases": [
             {

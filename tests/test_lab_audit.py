@@ -10,7 +10,6 @@ import yaml
 
 from conftest import audited_scenario
 from dpu_lab.config import ConfigError, load_scenario
-from dpu_lab.runner import LabRun
 from dpu_lab.virtual import VirtualLabRun
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,10 +69,6 @@ def test_compromise_and_audit_are_checked(tmp_path: Path) -> None:
         load_scenario(scenario(tmp_path, {"at_s": 1, "action": "compromise", "dpu": "dpu-a"}))
     with pytest.raises(ConfigError, match="forge"):
         load_scenario(scenario(tmp_path, {"at_s": 1, "action": "restart-dpu", "dpu": "dpu-a", "forge": True}))
-    event = {"at_s": 1, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter"}
-    # In real time the lab reaches only the embedded target's firmware (test_lab_live_audit.py).
-    with pytest.raises(ConfigError, match="compromise events on bmv2"):
-        LabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "real", "bmv2").run()
 
 
 def test_a_clean_window_mode_run_raises_no_alert(tmp_path: Path) -> None:

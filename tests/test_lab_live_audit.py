@@ -1,27 +1,34 @@
 """The compromised DPU and the verifier's audit in real time: real processes, namespaces and packets.
 
-The embedded target's firmware socket takes the attack; the router namespace's own counters, the
-control plane's read-back and its usage counters feed the audit (live_audit.py)."""
+The embedded target's firmware socket, or bmv2's Thrift API, takes the attack; the router namespace's
+own counters, the control plane's read-back and its usage counters feed the audit (live_audit.py)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import audited_scenario, can_netns
-from dpu_lab.config import load_scenario
+from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.runner import LabRun
+from dpu_lab.targets import BUFFER_BYTES, TargetKind
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
+# The same 100 kB bucket at the meter on both targets: the control plane takes what each queues after it.
+BURST = {"embedded": 100_000, "bmv2": 100_000 + BUFFER_BYTES["bmv2"] - BUFFER_BYTES["embedded"]}
 
 
-def run(tmp_path: Path, event: dict[str, Any] | None) -> Any:
-    """Run in real time on the embedded target (the lab needs root)."""
+def run(tmp_path: Path, event: dict[str, Any] | None, target: TargetKind = "embedded") -> Any:
+    """Run in real time on `target` (the lab needs root)."""
     if reason := can_netns():
         pytest.skip(reason)
-    return LabRun(load_scenario(audited_scenario(tmp_path, event, 1.0)), tmp_path / "out", "embedded", "builtin").run()
+    if target == "bmv2" and shutil.which("simple_switch_grpc") is None:
+        pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
+    scenario = load_scenario(audited_scenario(tmp_path, event, 1.0, BURST[target]))
+    return LabRun(scenario, tmp_path / "out", target, "builtin").run()
 
 
 def test_a_clean_real_time_run_raises_no_alert(tmp_path: Path) -> None:
@@ -41,3 +48,41 @@ def test_a_compromised_dpu_is_caught_in_real_time(tmp_path: Path, forge: bool, s
     assert r.audit["time_to_detection_s"] <= 2.5
     if forge:
         assert not r.cap_held  # read-back sees nothing wrong, the cap is gone
+
+
+def test_forging_on_bmv2_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    event = {"at_s": 3, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter", "forge": True}
+    scenario = load_scenario(audited_scenario(tmp_path, event, 1.0))
+    refused = r"phases\[0\]\.events\[0\] \(compromise of dpu-a, raise-meter\): forge: not on bmv2: .* cannot show"
+    with pytest.raises(ConfigError, match=refused):
+        LabRun(scenario, tmp_path / "out", "bmv2", "builtin").run()
+    assert not (tmp_path / "out").exists()  # refused before the network, the targets or the calibration
+
+
+def caught_on_bmv2(tmp_path: Path, how: str, seen_by: str) -> Any:
+    """Run with pod a's bmv2 compromised `how` 3 s in; the audit must catch it (by `seen_by`) within 2.5 s."""
+    r = run(tmp_path, {"at_s": 3, "action": "compromise", "dpu": "dpu-a", "how": how}, "bmv2")
+    assert [e["how"] for e in r.events] == [how]
+    assert r.audit is not None and r.audit["detected"] and r.audit["false_alarms"] == 0
+    assert seen_by in r.audit["detected_by"]
+    assert r.audit["time_to_detection_s"] <= 2.5
+    return r
+
+
+@pytest.mark.bmv2
+@pytest.mark.parametrize("how", ["raise-meter", "delete-meter"])
+def test_bmv2_meters_changed_through_thrift_are_read_back_and_undone(tmp_path: Path, how: str) -> None:
+    # How much got through first depends on when the control plane's next read-back comes, which may be
+    # at once; test_bmv2_firmware shows the tampered meters pass packets over the cap.
+    caught_on_bmv2(tmp_path, how, "read-back")
+
+
+@pytest.mark.bmv2
+@pytest.mark.parametrize("how", ["forward-unclassified", "load-pipeline"])
+def test_bmv2_entries_or_a_program_put_in_beside_p4runtime_remove_the_cap(tmp_path: Path, how: str) -> None:
+    # bmv2's P4Runtime server can neither read back nor undo them (bmv2_firmware.py): the cap is gone for
+    # the rest of the run, as the receivers measure, and the DPU's counters no longer add up.
+    r = caught_on_bmv2(tmp_path, how, "conservation")
+    egress = next(x for x in r.results if (x.pod, x.direction) == ("a", "egress"))
+    assert egress.max_window_bytes > 1.3 * egress.allowed_window_bytes
+    assert not r.cap_held

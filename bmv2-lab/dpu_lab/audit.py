@@ -135,10 +135,11 @@ class Auditor:
     # The last tick's router totals before and after reading the DPUs, and what the DPUs said.
     _balance: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
     resample: Callable[[], None] | None = None  # reads the router's counters again now (real time)
-    # Conservation alerts after this many intervals in a row out of balance: in real time a software
-    # DPU's input queue can hold what the router already sent for a moment (it catches up next time).
+    # Conservation alerts after this many intervals in a row out of balance the same way: in real time
+    # a software DPU's queues can hold what the router already sent (or its meter passed) for a moment,
+    # a shortfall in one interval that comes back as an excess in the next; a lie errs one way throughout.
     persist: int = 1
-    _streak: dict[tuple[str, str], int] = field(default_factory=dict)
+    _streak: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # (which way off, intervals)
 
     def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
         if (check, where) not in self._flagged:
@@ -227,9 +228,10 @@ class Auditor:
                     continue
                 least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
                 slack = self.slack_bytes + int(most * self.slack_ratio)
-                off = said < least - slack or said > most + slack
-                self._streak[key] = self._streak.get(key, 0) + 1 if off else 0
-                if self._streak[key] >= self.persist:
+                off = -1 if said < least - slack else 1 if said > most + slack else 0
+                way, n = self._streak.get(key, (0, 0))
+                self._streak[key] = (off, n + 1 if off == way else 1) if off else (0, 0)
+                if self._streak[key][1] >= self.persist:
                     counted = f"{least}" if least == most else f"between {least} and {most}"
                     verb = "passed out of" if direction == "egress" else "metered into"
                     self._alert(

@@ -1,7 +1,8 @@
 """What a compromised DPU does to itself: the scenario event `compromise`.
 
 Compromised firmware needs no P4Runtime arbitration: it changes its own pipeline's state directly
-(p4sim.firmware: in process in virtual time, through the target's firmware socket in real time).
+(p4sim.firmware: in process in virtual time, through the target's firmware socket in real time; on
+bmv2, through its Thrift runtime API: bmv2_firmware.py, which cannot forge).
 Each way below defeats limiter.p4 differently:
 
 - ``raise-meter``: both meter cells set far above any link's rate.
@@ -37,7 +38,7 @@ _OPEN = p4r.MeterConfig(
 
 
 def compromise(fw: Firmware, how: CompromiseHow, forge: bool = False) -> None:
-    """Tamper with a device through its firmware (in process or a p4sim's socket) as `how` says."""
+    """Tamper with a device through its firmware (in process, a p4sim's socket, bmv2's Thrift) as `how` says."""
     if how == "load-pipeline":
         fw.load(_passthrough_config(), forge)
     else:

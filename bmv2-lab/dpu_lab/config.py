@@ -303,8 +303,8 @@ class EventSpec(_Model):
     """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
 
     restart-dpu: the DPU's target dies and comes back empty after `down_s`.
-    compromise: the DPU's own firmware tampers with it as `how` says (real time: embedded target only), and with
-    `forge` also lies to the controller (compromise.py).
+    compromise: the DPU's own firmware tampers with it as `how` says, and with `forge` also lies to the
+    controller (compromise.py; on bmv2, through its Thrift API, without forge: bmv2_firmware.py).
     set-cap: the pod's cap changes to `egress`/`ingress` (its window and burst kept), through the
     control plane's API, as an operator's policy change would.
     """

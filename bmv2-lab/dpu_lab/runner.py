@@ -22,8 +22,8 @@ from typing import Literal
 from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
-from p4sim.firmware import FirmwareClient
 
+from .bmv2_firmware import NO_FORGE
 from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
 from .compromise import compromise
@@ -32,7 +32,7 @@ from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites
 from .report import Flow, Phase, Report, write_report
-from .targets import BUFFER_BYTES, TargetKind, TargetProcess, free_port, start_target
+from .targets import BUFFER_BYTES, TargetKind, TargetProcess, bmv2_has_thrift, bmv2_path, free_port, start_target
 
 BASE_PORT = 5201
 START_DELAY_S = 1.5  # senders start together this long after their commands are issued
@@ -70,13 +70,11 @@ class LabRun:
     def run(self) -> Report:
         """Run the scenario end to end."""
         sc = self.scenario
+        if self.target == "bmv2":
+            refuse_what_bmv2_cannot(sc)
         virtual_only = [
             what
             for what, used in (
-                (
-                    "compromise events on bmv2 (the lab reaches only the embedded target's firmware)",
-                    self.target == "bmv2" and any(e.action == "compromise" for ph in sc.phases for e in ph.events),
-                ),
                 ("the audit's probes", sc.audit is not None and "probe" in sc.audit.checks),
                 ("workloads", any(ph.workloads for ph in sc.phases)),
                 ("evasion flows", any(f.encap != "none" or f.spoof_src for ph in sc.phases for f in ph.flows)),
@@ -303,8 +301,8 @@ class LabRun:
             return
         i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
         if ev.action == "compromise":
-            assert ev.how is not None and tp.firmware is not None
-            compromise(FirmwareClient(tp.firmware), ev.how, ev.forge)
+            assert ev.how is not None
+            compromise(tp.management(), ev.how, ev.forge)
             self._say(f"event at {t:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
             self.events.append(
                 {"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
@@ -380,6 +378,22 @@ class LabRun:
         if self.net is not None:
             self.net.teardown()
             self.net = None
+
+
+def refuse_what_bmv2_cannot(sc: Scenario) -> None:
+    """Refuse, before anything starts, compromise events that bmv2 cannot carry out, naming each."""
+    for pi, ph in enumerate(sc.phases):
+        for ei, ev in enumerate(ph.events):
+            if ev.action != "compromise":
+                continue
+            where = f"phases[{pi}].events[{ei}] (compromise of {ev.dpu}, {ev.how})"
+            if ev.forge:
+                raise ConfigError(f"{where}: forge: not on bmv2: {NO_FORGE}; use --target embedded")
+            if not bmv2_has_thrift(bmv2_path()):
+                raise ConfigError(
+                    f"{where}: compromised firmware on bmv2 writes through its Thrift runtime API, and the "
+                    f"{bmv2_path()} here was built without it (no --thrift-port); use --target embedded"
+                )
 
 
 @contextmanager

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Literal
 
 from dpu_limiter.units import MAX_FRAME_BYTES
+from p4sim.firmware import Firmware, FirmwareClient
+
+from .bmv2_firmware import Bmv2Firmware
 
 TargetKind = Literal["embedded", "bmv2"]
 BMV2_BINARY = "simple_switch_grpc"
@@ -44,31 +47,48 @@ def free_port() -> int:
 
 
 @functools.cache
-def _bmv2_has_thrift(path: str) -> bool:
+def bmv2_has_thrift(path: str) -> bool:
+    """Whether the simple_switch_grpc at `path` was built with the Thrift runtime API."""
     res = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
     return "--thrift-port" in res.stdout + res.stderr
 
 
-def bmv2_options(path: str) -> list[str]:
-    """Options every simple_switch_grpc we start gets: logging off, and a Thrift port of its own.
+def bmv2_path() -> str:
+    """Where simple_switch_grpc is, or a TargetError saying it is missing."""
+    path = shutil.which(BMV2_BINARY)
+    if path is None:
+        raise TargetError(f"--target bmv2 needs {BMV2_BINARY} on PATH (not found); use --target embedded")
+    return path
+
+
+def bmv2_thrift_port(path: str) -> int | None:
+    """A free port for the Thrift runtime API of the simple_switch_grpc at `path`; None if built without it.
 
     A build with Thrift listens on 9090 unless told otherwise, so a second switch would fail to start.
     """
-    return ["--log-level", "off", *(["--thrift-port", str(free_port())] if _bmv2_has_thrift(path) else [])]
+    return free_port() if bmv2_has_thrift(path) else None
+
+
+def bmv2_options(thrift_port: int | None) -> list[str]:
+    """Options every simple_switch_grpc we start gets: logging off, and its Thrift port when it has one."""
+    return ["--log-level", "off", *(["--thrift-port", str(thrift_port)] if thrift_port is not None else [])]
 
 
 def target_command(
-    kind: TargetKind, device_id: int, interfaces: dict[int, str], grpc_addr: str, firmware: Path | None = None
+    kind: TargetKind,
+    device_id: int,
+    interfaces: dict[int, str],
+    grpc_addr: str,
+    firmware: Path | None = None,
+    thrift_port: int | None = None,
 ) -> list[str]:
-    """The command line that starts a target of `kind` (the embedded one with its firmware socket)."""
+    """The command line that starts a target of `kind`: the embedded one with its firmware socket, bmv2
+    with its Thrift port."""
     ifs = [arg for port, ifname in sorted(interfaces.items()) for arg in ("-i", f"{port}@{ifname}")]
     if kind == "embedded":
         exe = [sys.executable, "-m", "p4sim.main", *(["--firmware-socket", str(firmware)] if firmware else [])]
     else:
-        path = shutil.which(BMV2_BINARY)
-        if path is None:
-            raise TargetError(f"--target bmv2 needs {BMV2_BINARY} on PATH (not found); use --target embedded")
-        exe = [path, *bmv2_options(path)]
+        exe = [bmv2_path(), *bmv2_options(thrift_port)]
     return [*exe, "--device-id", str(device_id), *ifs, "--no-p4", "--", "--grpc-server-addr", grpc_addr]
 
 
@@ -83,6 +103,15 @@ class TargetProcess:
     process: subprocess.Popen[bytes]
     log_path: Path
     firmware: Path | None = None  # the embedded target's firmware socket (p4sim.firmware)
+    thrift_port: int | None = None  # bmv2's Thrift runtime API, where built with it (bmv2_firmware.py)
+
+    def management(self) -> Firmware:
+        """The device's own management path beside P4Runtime, which compromised firmware would use."""
+        if self.thrift_port is not None:
+            return Bmv2Firmware(self.thrift_port, self.address, self.device_id)
+        if self.firmware is None:
+            raise TargetError(f"{self.name}: no management path (a simple_switch_grpc built without Thrift)")
+        return FirmwareClient(self.firmware)
 
     def stop(self) -> None:
         """Terminate the process we started (by its handle), then kill it if it lingers."""
@@ -111,11 +140,12 @@ def start_target(
     address = f"127.0.0.1:{port}"
     # A Unix socket's path must stay short (108 bytes): not under the run's folder.
     firmware = Path(tempfile.mkdtemp(prefix="p4fw-")) / "socket" if kind == "embedded" else None
-    cmd = target_command(kind, device_id, interfaces, address, firmware)
+    thrift_port = bmv2_thrift_port(bmv2_path()) if kind == "bmv2" else None
+    cmd = target_command(kind, device_id, interfaces, address, firmware, thrift_port)
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    tp = TargetProcess(name, kind, device_id, address, proc, log_path, firmware)
+    tp = TargetProcess(name, kind, device_id, address, proc, log_path, firmware, thrift_port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

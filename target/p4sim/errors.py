@@ -1,5 +1,7 @@
 """Errors the embedded target raises when a program or a request cannot be honoured."""
 
+import grpc
+
 
 class ProgramError(ValueError):
     """The bmv2 JSON (or P4Info) is malformed or uses a construct this target does not run."""
@@ -12,3 +14,12 @@ class UnsupportedConstruct(ProgramError):
         super().__init__(f"unsupported construct {construct!r} in {where}")
         self.construct = construct
         self.where = where
+
+
+class P4RuntimeError(Exception):
+    """A P4Runtime request error carrying its gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

@@ -393,14 +393,25 @@ class DigestEngine:
         return out
 
     def _run_task(self, digest: _Digest, task: _Periodic, at: int) -> None:
-        busy = self._max_timeout(digest, at) if task is digest.max_task else self._ack_timeout(digest)
+        max_task = task is digest.max_task
+        busy = self._max_timeout(digest, at) if max_task else self._ack_timeout(digest)
         task.next_us += task.period_us
         if not busy:
-            # Nothing changes until another timeout runs or time reaches now: skip the idle runs up to
-            # then rather than loop through them (a virtual clock may jump far ahead).
-            bound = min([when for when, whose, _ in self._events() if whose is not task] + [self._now])
+            # An idle task stays idle until a run that does something (a buffer's timeout, a task with
+            # data or lists to look at) or time reaches now: skip its runs up to then rather than loop
+            # through them (a virtual clock may jump far ahead).
+            bound = min([self._now] + [when for when, whose, _ in self._events() if self._may_act(whose)])
             if task.next_us <= bound:
                 task.next_us += ((bound - task.next_us) // task.period_us + 1) * task.period_us
+
+    def _may_act(self, whose: object) -> bool:
+        """Whether a pending timeout's owner could change anything when it runs."""
+        for d in self.digests.values():
+            if whose is d.max_task:
+                return bool(d.data)
+            if whose is d.ack_task:
+                return bool(d.sent)
+        return True  # a learn buffer's timeout sends samples
 
     def _run_due(self, now: int) -> None:
         """Run the timeouts due by `now` in time order."""

@@ -38,6 +38,10 @@ class Bmv2:
         """Send `frame` into `port` and collect every (port, frame) bmv2 emits within `wait` seconds."""
         return through_bmv2(self.socks, port, frame, wait)
 
+    def collect(self, wait: float = 0.3) -> list[tuple[int, bytes]]:
+        """Every (port, frame) bmv2 emits within `wait` seconds (after a PacketOut, say)."""
+        return _collect(self.socks, wait)
+
 
 def skip_reason() -> str | None:
     """Why a bmv2 differential test cannot run here, or None."""
@@ -53,8 +57,9 @@ def _link(*args: str) -> None:
 
 
 @contextmanager
-def bmv2_switch(ports: Iterable[int]) -> Iterator[Bmv2]:
-    """Start simple_switch_grpc (no program, logging off) with `ports` on fresh veth pairs; skip if unable."""
+def bmv2_switch(ports: Iterable[int], cpu_port: int | None = None) -> Iterator[Bmv2]:
+    """Start simple_switch_grpc (no program, logging off) with `ports` on fresh veth pairs, and packet I/O
+    on `cpu_port` if given; skip if unable."""
     if reason := skip_reason():
         pytest.skip(reason)
     exe = shutil.which("simple_switch_grpc")
@@ -75,9 +80,10 @@ def bmv2_switch(ports: Iterable[int]) -> Iterator[Bmv2]:
         port = free_port()
         thrift_port = bmv2_thrift_port(exe)
         interfaces = [a for p, (i, _) in names.items() for a in ("-i", f"{p}@{i}")]
+        cpu = ["--cpu-port", str(cpu_port)] if cpu_port is not None else []
         proc = subprocess.Popen(
             [exe, *bmv2_options(thrift_port), "--device-id", "1", *interfaces, "--no-p4"]
-            + ["--", "--grpc-server-addr", f"127.0.0.1:{port}"],
+            + ["--", "--grpc-server-addr", f"127.0.0.1:{port}", *cpu],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -109,6 +115,10 @@ def through_bmv2(
             except BlockingIOError:
                 break
     socks[port].send(frame)
+    return _collect(socks, wait)
+
+
+def _collect(socks: dict[int, socket.socket], wait: float) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:

@@ -9,6 +9,7 @@ ValueSetEntry, see PI's DeviceMgr).
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,12 +25,17 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from p4rt_helpers import Client, table_entry, update
+from p4sim.server import Device
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 MAC_A, MAC_B = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
 
 Setup = Callable[[Client, P4Schema], Awaitable[None]]
 State = Callable[[Client, P4Schema], Awaitable[dict[str, object]]]
+# After a case's frames: more frames (ingress port, bytes), PacketOuts and DigestListAcks, in order.
+Step = tuple[int, bytes] | p4r.PacketOut | p4r.DigestListAck
+Steps = Callable[[P4Schema], list[Step]]
+Frames = list[tuple[int, bytes]]
 
 
 def pipeline(name: str, cookie: int = 7) -> p4r.ForwardingPipelineConfig:
@@ -53,6 +59,10 @@ async def _no_state(c: Client, sch: P4Schema) -> dict[str, object]:
     return {}
 
 
+def _no_steps(sch: P4Schema) -> list[Step]:
+    return []
+
+
 @dataclass
 class Case:
     """One corpus program: its entries, frames (ingress port, bytes) and the state worth comparing."""
@@ -64,6 +74,72 @@ class Case:
     state: State = _no_state
     ports: tuple[int, ...] = (0, 1, 2, 3)
     notes: list[str] = field(default_factory=list)
+    steps: Steps = _no_steps
+    cpu_port: int | None = None  # the target's --cpu-port
+    stream: bool = False  # the PacketIns and DigestLists the primary controller receives are compared too
+
+
+class Collector:
+    """A device listener that keeps the stream messages the device sends (as Device.listeners wants)."""
+
+    def __init__(self) -> None:
+        self.messages: list[p4r.StreamMessageResponse] = []
+
+    def stream_message(self, msg: p4r.StreamMessageResponse) -> None:
+        """Keep it."""
+        self.messages.append(msg)
+
+    def timers_changed(self) -> None:
+        """Nothing to wake."""
+
+
+def stream_request(step: p4r.PacketOut | p4r.DigestListAck) -> p4r.StreamMessageRequest:
+    """The stream message that carries a PacketOut or DigestListAck step."""
+    req = p4r.StreamMessageRequest()
+    if isinstance(step, p4r.PacketOut):
+        req.packet.CopyFrom(step)
+    else:
+        req.digest_ack.CopyFrom(step)
+    return req
+
+
+async def embedded_step(step: Step, device: Device, c: Client) -> Frames:
+    """One step on the in-process target (through client `c`): what it sent out of its ports."""
+    if isinstance(step, tuple):
+        return device.process(*step)
+    sent: Frames = []
+    device.transmit = lambda port, frame: sent.append((port, frame))
+    c.requests.put_nowait(stream_request(step))
+    await asyncio.sleep(0.1)  # the server's stream reader takes it
+    device.transmit = None
+    return sent
+
+
+async def stream_messages(c: Client, wait: float = 0.3) -> list[p4r.StreamMessageResponse]:
+    """Every stream message the client gets within `wait` seconds."""
+    out = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while (left := deadline - loop.time()) > 0:
+        try:
+            out.append(await asyncio.wait_for(c.responses.get(), left))
+        except TimeoutError:
+            break
+    return out
+
+
+def stream_view(msgs: list[p4r.StreamMessageResponse]) -> list[tuple[object, ...]]:
+    """PacketIns and DigestLists as comparable tuples (no timestamps); anything else is left out."""
+    out: list[tuple[object, ...]] = []
+    for m in msgs:
+        if m.HasField("packet"):
+            meta = sorted((md.metadata_id, md.value.hex()) for md in m.packet.metadata)
+            out.append(("packet_in", m.packet.payload.hex(), tuple(meta)))
+        elif m.HasField("digest"):
+            d = m.digest
+            data = tuple(text_format.MessageToString(x, as_one_line=True) for x in d.data)
+            out.append(("digest", d.digest_id, d.list_id, data))
+    return out
 
 
 def ins(sch: P4Schema, table: str, action: str, match: dict[str, object], **params: int) -> p4r.Update:
@@ -510,6 +586,113 @@ async def selector_state(c: Client, sch: P4Schema) -> dict[str, object]:
     return out
 
 
+# ---------------------------------------------------------------- digest
+
+
+def digest_id(sch: P4Schema, name: str) -> int:
+    """The P4Info id of digest `name`."""
+    return next(d.preamble.id for d in sch.p4info.digests if d.preamble.name == name)
+
+
+def digest_update(sch: P4Schema, kind: int, name: str, **config: int) -> p4r.Update:
+    """A DigestEntry update of digest `name` with `config` (max_timeout_ns, max_list_size, ack_timeout_ns)."""
+    entry = p4r.DigestEntry(digest_id=digest_id(sch, name), config=p4r.DigestEntry.Config(**config))
+    return update(kind, p4r.Entity(digest_entry=entry))
+
+
+MAC_C, MAC_D, MAC_K = "02:00:00:00:00:0c", "02:00:00:00:00:0d", "02:00:00:00:00:4b"
+
+
+async def digest_setup(c: Client, sch: P4Schema) -> None:
+    # One sample a list, sent at once; samples sent and not acked are not sent again for 10 s.
+    once = {"max_timeout_ns": 0, "max_list_size": 1, "ack_timeout_ns": 10**10}
+    await c.write(
+        ins(sch, "I.smac", "NoAction", {"hdr.ethernet.srcAddr": MAC_K}),
+        ins(sch, "I.dmac", "I.fwd", {"hdr.ethernet.dstAddr": MAC_B}, port=1),
+        digest_update(sch, p4r.Update.INSERT, "mac_learn_t", **once),
+        digest_update(sch, p4r.Update.INSERT, "flow_t", **once),
+    )
+
+
+def digest_frames() -> list[tuple[int, bytes]]:
+    """New source (forwarded), the same again (cached), new source dropped by dmac, a known source on
+    another port, a known source, a flow frame from a new source (flow_t replaces mac_learn_t)."""
+    return [
+        (0, eth(0x0800, b"d" * 20)),
+        (0, eth(0x0800, b"d" * 20)),
+        (0, eth(0x0800, b"d" * 20, src=MAC_C, dst="02:00:00:00:00:99")),
+        (2, eth(0x0800, b"d" * 20)),
+        (0, eth(0x0800, b"d" * 20, src=MAC_K)),
+        (1, eth(0x88B6, b"f" * 20, src=MAC_D)),
+    ]
+
+
+def digest_steps(sch: P4Schema) -> list[Step]:
+    """Ack mac_learn_t's first list: its sample is sent again; flow_t's is not acked, so stays cached."""
+    return [
+        p4r.DigestListAck(digest_id=digest_id(sch, "mac_learn_t"), list_id=1),
+        (0, eth(0x0800, b"e" * 20)),
+        (3, eth(0x88B6, b"g" * 20, src=MAC_D)),
+    ]
+
+
+# ---------------------------------------------------------------- packet_io
+
+CPU_PORT = 64
+
+
+def meta_id(sch: P4Schema, header: str, name: str) -> int:
+    """The id of metadata field `name` of controller header `header` (packet_in, packet_out)."""
+    cpm = next(m for m in sch.p4info.controller_packet_metadata if m.preamble.name == header)
+    return next(m.id for m in cpm.metadata if m.name == name)
+
+
+def packet_out(sch: P4Schema, payload: bytes, **metadata: bytes) -> p4r.PacketOut:
+    """A PacketOut with packet_out metadata given by field name."""
+    msg = p4r.PacketOut(payload=payload)
+    for name, value in metadata.items():
+        msg.metadata.add(metadata_id=meta_id(sch, "packet_out", name), value=value)
+    return msg
+
+
+async def packet_io_setup(c: Client, sch: P4Schema) -> None:
+    key = "hdr.ethernet.etherType"
+    await c.write(
+        ins(sch, "I.punt", "I.fwd", {key: 0x0800}, port=1),
+        ins(sch, "I.punt", "I.to_cpu", {key: 0x88CC}, reason=5),
+        ins(sch, "I.punt", "I.to_cpu_bare", {key: 0x0806}),
+    )
+
+
+def packet_io_frames() -> list[tuple[int, bytes]]:
+    """Forwarded, punted with a packet_in header, punted bare, dropped."""
+    return [
+        (0, eth(0x0800, b"i" * 20)),
+        (3, eth(0x88CC, b"l" * 20)),
+        (2, eth(0x0806, b"a" * 28)),
+        (0, eth(0x1234, b"z" * 20)),
+    ]
+
+
+def packet_io_steps(sch: P4Schema) -> list[Step]:
+    """PacketOuts: to port 2, to port 3 tagged, to the CPU port (back as a bare packet-in), with no
+    metadata (port 0), padded and canonical values, an unknown metadata id and a value wider than
+    its field (both dropped)."""
+    frame = eth(0x0800, b"o" * 20)
+    unknown = packet_out(sch, frame, egress_port=b"\x01")
+    unknown.metadata.add(metadata_id=99, value=b"\x01")
+    return [
+        packet_out(sch, frame, egress_port=b"\x02"),
+        packet_out(sch, frame, egress_port=b"\x03", tag=b"\x01"),
+        packet_out(sch, frame, egress_port=CPU_PORT.to_bytes(2, "big")),
+        p4r.PacketOut(payload=frame),
+        packet_out(sch, frame, egress_port=b"\x00\x00\x01", tag=b""),
+        unknown,
+        packet_out(sch, frame, egress_port=b"\x02\x00"),
+        (1, eth(0x88CC, b"m" * 20)),
+    ]
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in (
@@ -523,5 +706,14 @@ CASES: dict[str, Case] = {
         Case("header_union", union_frames(), setup=union_setup),
         Case("header_union_stack", union_stack_frames(), setup=union_stack_setup),
         Case("action_selector", selector_frames(), setup=selector_setup, state=selector_state, ports=tuple(range(7))),
+        Case("digest", digest_frames(), setup=digest_setup, steps=digest_steps, stream=True),
+        Case(
+            "packet_io",
+            packet_io_frames(),
+            setup=packet_io_setup,
+            steps=packet_io_steps,
+            cpu_port=CPU_PORT,
+            stream=True,
+        ),
     )
 }

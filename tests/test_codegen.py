@@ -3,8 +3,8 @@
 Each corpus program (tests/corpus, set and programmed as in test_corpus.py) runs its frames three
 ways on the in-process target: with the generated pipelines and parser; with generation disabled,
 so the interpreter runs them; and with every frame a fresh copy, so the parse memo never applies.
-The frames go through twice, so the memo does apply the second time in the first run. Outputs and
-the state the case reads back must agree exactly.
+The frames go through twice, so the memo does apply the second time in the first run. Outputs, the
+PacketIns and DigestLists the device sends and the state the case reads back must agree exactly.
 """
 
 from __future__ import annotations
@@ -13,23 +13,29 @@ import grpc
 import pytest
 
 import p4sim.program
-from corpus_cases import CASES, pipeline, schema
+from corpus_cases import CASES, Collector, Frames, embedded_step, pipeline, schema, stream_view
 from p4rt_helpers import Client, connect
 from p4sim.server import Device
 
 InProcess = tuple[Device, grpc.aio.Channel]
-Outcome = tuple[list[list[tuple[int, bytes]]], dict[str, object]]
+Outcome = tuple[list[Frames], list[tuple[object, ...]], dict[str, object]]
 
 
 async def outcome(device: Device, c: Client, name: str, fresh: bool) -> Outcome:
-    """Outputs of the case's frames (twice over) and its state afterwards, on a freshly set pipeline."""
-    await c.set_pipeline(pipeline(name))
+    """Outputs of the case's frames (twice over) and steps, the PacketIns and DigestLists the device sent,
+    and its state afterwards, on a freshly set pipeline."""
     case, sch = CASES[name], schema(name)
+    device.cpu_port = case.cpu_port
+    heard = Collector()
+    device.listeners.append(heard)
+    await c.set_pipeline(pipeline(name))
     await case.setup(c, sch)
     await case.extra_setup(c, sch)
     frames = case.frames * 2
     outputs = [device.process(port, bytes(bytearray(frame)) if fresh else frame) for port, frame in frames]
-    return outputs, await case.state(c, sch)
+    outputs += [await embedded_step(step, device, c) for step in case.steps(sch)]
+    device.listeners.remove(heard)
+    return outputs, stream_view(heard.messages), await case.state(c, sch)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -15,26 +15,33 @@ from typing import Any
 
 import grpc
 import pytest
-from finsy.proto import p4r
+from finsy.proto import p4d, p4r
+from google.protobuf import text_format
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
 from corpus_cases import (
     CASES,
     CORPUS,
+    CPU_PORT,
     ROUTER_SRC,
     classify_entry,
+    digest_id,
     elem_a,
     elem_b,
+    embedded_step,
     eth,
     info,
     long_,
+    meta_id,
     mpls,
     pipeline,
     register_entity,
     schema,
     short,
     stat,
+    stream_messages,
+    stream_view,
     vset_update,
 )
 from p4rt_helpers import Client, connect, detail_codes, update
@@ -497,16 +504,92 @@ async def test_unsupported_construct_is_refused_at_set_pipeline(in_process_targe
     _, channel = in_process_target
     c = await connect(channel, 5)
     await c.responses.get()
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await c.set_pipeline(pipeline("unsupported_digest"))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "learn_lists" in (err.value.details() or "")
     cfg = pipeline("ipv4_csum")
-    cfg.p4info.controller_packet_metadata.add().preamble.name = "packet_in"
+    doc = _doc("ipv4_csum")
+    _with_varbit(doc)
+    cfg.p4_device_config = json.dumps(doc).encode()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await c.set_pipeline(cfg)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "packet-in/out" in (err.value.details() or "")
+    assert "variable-length" in (err.value.details() or "")
+
+
+async def test_digest_program(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "digest")
+    sch = schema("digest")
+    frames = [f for _, f in CASES["digest"].frames]
+    assert run(device, "digest") == [[(1, f)] if i != 2 else [] for i, f in enumerate(frames)]
+    mac, flow = digest_id(sch, "mac_learn_t"), digest_id(sch, "flow_t")
+    a, cc = b"\x02\0\0\0\0\x0a", b"\x02\0\0\0\0\x0c"
+    # The repeat of the first frame is cached (sent, not acked); the dropped frame is learned; the known
+    # source is not; the flow frame's digest is flow_t's alone (the later call), with mark 1: p4c's
+    # temporaries hold the values of the call.
+    want = [
+        ("digest", mac, 1, (struct_data(a, b"\0"),)),
+        ("digest", mac, 2, (struct_data(cc, b"\0"),)),
+        ("digest", mac, 3, (struct_data(a, b"\x02"),)),
+        ("digest", flow, 1, (struct_data(b"\x88\xb6", b"\x01", b"\x0a\xbc"),)),
+    ]
+    assert stream_view(await stream_messages(c)) == want
+    steps = CASES["digest"].steps(sch)
+    out = [await embedded_step(step, device, c) for step in steps]
+    assert out == [[], [(1, steps[1][1])], [(1, steps[2][1])]]  # type: ignore[index]
+    # Acked, the first list's sample goes again; flow_t's sample is still cached, and replaces mac_learn_t's.
+    assert stream_view(await stream_messages(c)) == [("digest", mac, 4, (struct_data(a, b"\0"),))]
+
+
+def test_learn_lists_are_sampled_at_the_end_of_ingress_also_by_the_interpreter() -> None:
+    """flow_t's learn list edited to name the metadata fields (as a compiler without temporaries would):
+    the sample holds the mark set after digest(), as simple_switch samples at the end of ingress; and
+    with a jump in the action, the interpreter's generate_digest is what runs."""
+    doc = _doc("digest")
+    [flow_list] = [ll for ll in doc["learn_lists"] if ll["name"] == "flow_t"]
+    flow_list["elements"] = [
+        {"type": "field", "value": ["scalars", f"metadata_t._flow_{name}"]} for name in ("etherType0", "mark1", "vid2")
+    ]
+    [action] = [a for a in doc["actions"] if any(_learns(p, "0x2") for p in a["primitives"])]
+    action["primitives"].insert(0, {"op": "_jump", "parameters": [{"type": "hexstr", "value": 1}]})
+    program = Program(doc)
+    learned: list[tuple[int, list[int]]] = []
+    program.on_learn = lambda lid, values: learned.append((lid, values))
+    program.process(1, eth(0x88B6, b"f" * 20, src="02:00:00:00:00:0d"))
+    assert learned == [(2, [0x88B6, 2, 0xABC])]
+
+
+def _learns(prim: dict[str, Any], learn_id: str) -> bool:
+    return prim["op"] == "generate_digest" and prim["parameters"][1]["value"] == learn_id
+
+
+def struct_data(*members: bytes) -> str:
+    """A P4Data struct of bitstring members, as stream_view shows it."""
+    data = p4d.P4Data()
+    for m in members:
+        data.struct.members.add().bitstring = m
+    return text_format.MessageToString(data, as_one_line=True)
+
+
+async def test_packet_io_program(in_process_target: InProcess) -> None:
+    in_process_target[0].cpu_port = CPU_PORT
+    device, c = await programmed(in_process_target, "packet_io")
+    sch = schema("packet_io")
+    frames = [f for _, f in CASES["packet_io"].frames]
+    assert run(device, "packet_io") == [[(1, frames[0])], [], [], []]
+
+    def packet_in(payload: bytes, port: int, reason: int) -> tuple[object, ...]:
+        ids = [meta_id(sch, "packet_in", n) for n in ("ingress_port", "reason", "_pad")]
+        values = [port.to_bytes(2, "big").lstrip(b"\0") or b"\0", bytes([reason]), b"\0"]
+        return ("packet_in", payload.hex(), tuple(sorted((i, v.hex()) for i, v in zip(ids, values, strict=True))))
+
+    # With its packet_in header: ingress port 3, reason 5. Punted bare: PI still takes the first two
+    # bytes (02 00: port 4, reason 0) for the header the program did not emit.
+    assert stream_view(await stream_messages(c)) == [packet_in(frames[1], 3, 5), packet_in(frames[2][2:], 4, 0)]
+    steps = CASES["packet_io"].steps(sch)
+    out = [await embedded_step(step, device, c) for step in steps]
+    frame = steps[0].payload  # type: ignore[union-attr]
+    tagged = frame[:12] + b"\x88\xb5" + frame[14:]
+    assert out == [[(2, frame)], [(3, tagged)], [], [(0, frame)], [(1, frame)], [], [], []]
+    last = steps[-1][1]  # type: ignore[index]
+    assert stream_view(await stream_messages(c)) == [packet_in(frame[2:], 4, 0), packet_in(last, 1, 5)]
 
 
 def _doc(name: str) -> dict[str, Any]:

@@ -102,6 +102,38 @@ async def test_frames_cross_and_vlan_tags_survive(veths: dict[int, tuple[str, st
         stop(target)
 
 
+async def test_packet_out_and_packet_in_through_the_cpu_port(veths: dict[int, tuple[str, str]], tmp_path: Path) -> None:
+    """A real target process with --cpu-port: a PacketOut leaves a real port (injected into the packet
+    thread), and a frame from a real port punted to the CPU comes up the stream (from that thread)."""
+    import asyncio
+
+    import grpc
+
+    from corpus_cases import CPU_PORT, eth, ins, packet_out, pipeline, schema, stream_messages, stream_request
+
+    port = free_port()
+    options = ["-i", f"0@{veths[0][0]}", "-i", f"1@{veths[1][0]}", "--cpu-port", str(CPU_PORT)]
+    target = start_embedded(port, tmp_path / "t.log", options)
+    tx, rx = _socket(veths[0][1]), _socket(veths[1][1])
+    sch = schema("packet_io")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            c = await connect(ch, 5)
+            await c.responses.get()
+            await c.set_pipeline(pipeline("packet_io"))
+            await c.write(ins(sch, "I.punt", "I.to_cpu", {"hdr.ethernet.etherType": 0x88CC}, reason=2))
+            c.requests.put_nowait(stream_request(packet_out(sch, eth(0x0800, b"o" * 40), egress_port=b"\x01")))
+            # The loop must run meanwhile: the PacketOut goes out on the stream.
+            assert await asyncio.to_thread(_received, rx) == [eth(0x0800, b"o" * 40)]
+            tx.send(eth(0x88CC, b"l" * 40))
+            [msg] = await stream_messages(c, 0.5)
+            assert msg.packet.payload == eth(0x88CC, b"l" * 40)
+    finally:
+        tx.close()
+        rx.close()
+        stop(target)
+
+
 async def test_a_partition_past_the_lease_leaves_the_dpu_at_its_floor(
     veths: dict[int, tuple[str, str]], tmp_path: Path
 ) -> None:

@@ -193,6 +193,7 @@ class VirtualLabRun:
         await server.stop(grace=0)
         with device.lock:
             device.pipeline = device.saved = device.data_plane = None
+            device.listeners.clear()  # the dead server's P4Runtime service; the revived one registers anew
 
     async def _revive(self, name: str, device: Device, plane: ControlPlane, timeout_s: float = 60.0) -> None:
         """The DPU is back, empty, on the same address; the simulation waits for the control plane.

@@ -13,6 +13,8 @@ from .externs import Clock
 class VirtualClock(Clock):
     """Microseconds of simulated time; set by the simulation's event loop, never by wall time."""
 
+    realtime = False  # the simulation runs what falls due (Device.tick) when it moves time
+
     def __init__(self) -> None:  # no wall-clock origin, unlike Clock
         self.us = 0
 

@@ -15,6 +15,8 @@ PI_BURST_MASK = (1 << 32) - 1
 class Clock:
     """Microseconds on a monotonic clock, counted from the clock's creation (bmv2's time origin)."""
 
+    realtime = True  # it moves by itself, so timeouts on it can be waited for in wall-clock time
+
     def __init__(self) -> None:
         self._origin = time.monotonic_ns()
 

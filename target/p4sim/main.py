@@ -22,6 +22,7 @@ from google.protobuf import text_format
 
 from .firmware import serve as serve_firmware
 from .ports import RawPorts, parse_interface
+from .program import DROP_PORT
 from .server import Device, add_to_server
 
 LOG = logging.getLogger("p4sim")
@@ -48,6 +49,13 @@ def build_parser(prog: str = "p4sim") -> argparse.ArgumentParser:
         "--grpc-server-addr", default="0.0.0.0:9559", help="P4Runtime listen address (default 0.0.0.0:9559)"
     )
     ap.add_argument("--no-p4", action="store_true", help="start with no pipeline; a controller sets it")
+    ap.add_argument(
+        "--cpu-port",
+        type=int,
+        metavar="N",
+        help="the CPU port for P4Runtime packet-in/packet-out (1..510, not a port given with -i); "
+        "without it there is no packet I/O, as with simple_switch_grpc",
+    )
     ap.add_argument("--grpc-server-ssl", action="store_true", help="serve P4Runtime over TLS")
     ap.add_argument("--grpc-server-cacert", type=Path, help="CA that client certificates must chain to")
     ap.add_argument("--grpc-server-cert", type=Path, help="server certificate (PEM)")
@@ -82,13 +90,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "p4sim") -> int:
         ap.error("--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key")
     if args.grpc_server_with_client_auth and not args.grpc_server_cacert:
         ap.error("--grpc-server-with-client-auth needs --grpc-server-cacert")
+    if args.cpu_port is not None and not 0 < args.cpu_port < DROP_PORT:
+        ap.error(f"--cpu-port {args.cpu_port}: must be within 1..{DROP_PORT - 1} (0 is not valid, {DROP_PORT} drops)")
+    if args.cpu_port in interfaces:  # simple_switch_grpc refuses it too ("Cpu port N is used as a data port")
+        ap.error(f"--cpu-port {args.cpu_port} is used as a data port (-i {args.cpu_port}@{interfaces[args.cpu_port]})")
     if args.json and not args.p4info:
         ap.error("a JSON given at start needs --p4info (or use --no-p4 and let the controller set the pipeline)")
     return asyncio.run(_serve(args, interfaces))
 
 
 async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
-    device = Device(args.device_id)
+    device = Device(args.device_id, cpu_port=args.cpu_port)
     if args.json:
         config = p4r.ForwardingPipelineConfig(p4_device_config=Path(args.json).read_bytes())
         config.p4info.CopyFrom(text_format.Parse(args.p4info.read_text(), p4i.P4Info()))
@@ -113,6 +125,7 @@ async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
     await server.start()
     firmware = await serve_firmware(device, args.firmware_socket) if args.firmware_socket else None
     if ports is not None:
+        device.inject = ports.inject
         ports.start(device.process)
     LOG.info("serving P4Runtime on %s, device id %d, ports %s", args.grpc_server_addr, args.device_id, interfaces)
     stop = asyncio.Event()

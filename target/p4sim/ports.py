@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable
 
 ETH_P_ALL = 0x0003
@@ -57,6 +59,11 @@ class RawPorts:
         self.tx_errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Frames injected from other threads (PacketOuts), and a pipe that wakes the forwarding thread for them.
+        self._injected: deque[tuple[int, bytes]] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         try:
             for port, ifname in self.interfaces.items():
                 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
@@ -81,15 +88,26 @@ class RawPorts:
         self._thread = threading.Thread(target=self._run, args=(process,), name="p4sim-ports", daemon=True)
         self._thread.start()
 
+    def inject(self, port: int, data: bytes) -> None:
+        """Have the forwarding thread process `data` as if received on `port` (from any thread)."""
+        self._injected.append((port, data))
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
     def _run(self, process: Processor) -> None:
         poller = select.epoll()
         by_fd = {s.fileno(): (port, s) for port, s in self.socks.items()}
         for fd in by_fd:
             poller.register(fd, select.EPOLLIN)
-        socks = self.socks
+        poller.register(self._wake_r, select.EPOLLIN)
         try:
             while not self._stop.is_set():
                 for fd, _ in poller.poll(0.2):
+                    if fd == self._wake_r:
+                        self._drain_injected(process)
+                        continue
                     port, s = by_fd[fd]
                     for _ in range(BATCH):
                         try:
@@ -103,25 +121,33 @@ class RawPorts:
                         if anc:
                             data = with_vlan_tag(data, anc)
                         self.rx_frames += 1
-                        for eport, out in process(port, data):
-                            tx = socks.get(eport)
-                            if tx is None:
-                                continue  # no interface on that port: bmv2 drops silently
-                            try:
-                                tx.send(out)
-                                self.tx_frames += 1
-                            except OSError as exc:
-                                if exc.errno not in (
-                                    errno.ENOBUFS,
-                                    errno.EAGAIN,
-                                    errno.ENETDOWN,
-                                    errno.EMSGSIZE,
-                                    errno.ENXIO,
-                                ):
-                                    raise
-                                self.tx_errors += 1
+                        self._forward(process(port, data))
         finally:
             poller.close()
+
+    def _drain_injected(self, process: Processor) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while self._injected:
+            self._forward(process(*self._injected.popleft()))
+
+    def _forward(self, outputs: list[tuple[int, bytes]]) -> None:
+        """Send each (port, frame) out of its interface."""
+        socks = self.socks
+        for eport, out in outputs:
+            tx = socks.get(eport)
+            if tx is None:
+                continue  # no interface on that port: bmv2 drops silently
+            try:
+                tx.send(out)
+                self.tx_frames += 1
+            except OSError as exc:
+                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN, errno.EMSGSIZE, errno.ENXIO):
+                    raise
+                self.tx_errors += 1
 
     def stop(self) -> None:
         """Stop the forwarding thread."""
@@ -136,3 +162,7 @@ class RawPorts:
         for s in self.socks.values():
             s.close()
         self.socks.clear()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1

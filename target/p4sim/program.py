@@ -37,7 +37,7 @@ class Packet:
     that a deparser emitting the headers unchanged can hand back the received bytes themselves.
     """
 
-    __slots__ = ("exited", "f", "length", "payload", "poff", "stk", "v")
+    __slots__ = ("exited", "f", "learn", "length", "payload", "poff", "stk", "v")
 
     def __init__(self, f: list[int], v: list[bool], length: int, stk: list[int] | None = None) -> None:
         self.f = f
@@ -46,6 +46,7 @@ class Packet:
         self.poff = 0
         self.length = length
         self.exited = False
+        self.learn = 0  # simple_switch's learn register: the learn list id of the last digest() call
         # Each header stack's next index (bmv2 tracks it apart from the elements' validity).
         self.stk = _NO_STACKS if stk is None else stk
 
@@ -128,6 +129,16 @@ class DirectMeterDef:
     result: int
     unit: str
     rate_count: int
+
+
+@dataclass
+class LearnListDef:
+    """A learn list (v1model digest()): its id, name, and the fields it samples (flat indexes, bit widths)."""
+
+    id: int
+    name: str
+    fields: list[int]
+    widths: list[int]
 
 
 @dataclass
@@ -222,6 +233,11 @@ class Program:
                 raise ProgramError(f"bmv2 JSON: standard_metadata.{need} is missing (not a v1model program?)")
         self._load_externs()
         self._check_unsupported_sections()
+        self.learn_lists = self._load_learn_lists()
+        # Called with (learn list id, field values) for each sample, at the end of ingress as simple_switch's
+        # ingress thread calls its learn engine (simple_switch.cpp), not where digest() is called: a field
+        # the action changes after the call is sampled with its final value.
+        self.on_learn: Callable[[int, list[int]], None] | None = None
         self._calcs = {c.get("name"): c for c in self._list("calculations")}
         self.field_lists = self._load_field_lists()
         self._load_actions()
@@ -414,9 +430,8 @@ class Program:
     def _check_unsupported_sections(self) -> None:
         for vs in self._list("parse_vsets"):
             self.vsets[vs["name"]] = ValueSet(vs["name"], int(vs["compressed_bitwidth"]), int(vs.get("max_size", 0)))
-        for key in ("learn_lists", "extern_instances"):
-            if self._list(key):
-                raise UnsupportedConstruct(key, "program")
+        if self._list("extern_instances"):
+            raise UnsupportedConstruct("extern_instances", "program")
 
     def _load_profiles(self, pipe: dict[str, Any]) -> None:
         for ap in pipe.get("action_profiles", []) or []:
@@ -432,6 +447,34 @@ class Program:
                     raise ProgramError(f"bmv2 JSON: {where}: selector inputs must be fields")
                 selector = _calc_fn(self._calc_items(inputs, where), self._hash_fn(sel.get("algo"), where))
             self.profiles[name] = ActionProfile(name, selector)
+
+    def _load_learn_lists(self) -> dict[int, LearnListDef]:
+        lists: dict[int, LearnListDef] = {}
+        for ll in self._list("learn_lists"):
+            where = f"learn list {ll.get('name')}"
+            fields = []
+            for el in ll.get("elements", []):
+                if el.get("type") != "field":  # bmv2 asserts the same (P4Objects::init_learn_lists)
+                    raise UnsupportedConstruct(f"learn list element {el.get('type')}", where)
+                fields.append(self._field(el.get("value"), where))
+            lid = int(ll["id"])
+            if lid <= 0 or lid in lists:
+                raise ProgramError(f"bmv2 JSON: {where} has id {lid!r}, not a unique id above 0")
+            lists[lid] = LearnListDef(lid, str(ll["name"]), fields, [self.field_width[i] for i in fields])
+        return lists
+
+    def _learn_id(self, params: list[Any], where: str) -> int:
+        """generate_digest's learn list id (its first parameter, the receiver, bmv2 ignores)."""
+        lid = self._const(params[1], where) if len(params) == 2 else -1
+        if lid not in self.learn_lists:
+            raise ProgramError(f"bmv2 JSON: {where} names learn list {lid}, which is not in learn_lists")
+        return lid
+
+    def _learned(self, p: Packet) -> None:
+        """Hand the sample of the packet's learn list to on_learn (at the end of ingress)."""
+        if self.on_learn is not None:
+            f = p.f
+            self.on_learn(p.learn, [f[i] for i in self.learn_lists[p.learn].fields])
 
     # ---------------------------------------------------------------- expressions
 
@@ -811,6 +854,13 @@ class Program:
             return exit_
         if op in ("no_op", "log_msg"):
             return lambda p, ad: None
+        if op == "generate_digest":
+            lid = self._learn_id(params, where)
+
+            def generate_digest(p: Packet, ad: list[int]) -> None:
+                p.learn = lid  # the last call wins, as simple_switch keeps one learn register
+
+            return generate_digest
         if op in ("assert", "assume"):
             cond = self.expr(params[0], where)
 
@@ -1574,6 +1624,8 @@ class Program:
             return ["p.exited = True", "return"]
         if op in ("no_op", "log_msg"):
             return []
+        if op == "generate_digest":
+            return [f"p.learn = {self._learn_id(params, here)}"]
         # Indexed externs inline their arrays' own bounds rules (see externs.py): out of range, a meter
         # gives green, a counter and a register write do nothing, a register read gives 0. A constant
         # index (a single cell, as most of limiter.p4's registers) is checked here instead.
@@ -1972,6 +2024,8 @@ class Program:
             if self._has_checksums:
                 self.verify_checksums(p, _NO_STACKS)
             self.ingress(p)
+            if p.learn:
+                self._learned(p)
             egress_spec = f[es]
             if egress_spec == DROP_PORT:
                 return []
@@ -2088,6 +2142,8 @@ class Program:
                 if q is not None:
                     self._reset_metadata(q, self._preserved(p, fl), INGRESS_CLONE)
                     self._replicate(q, replicas, egress_q)
+        if p.learn:  # after ingress cloning, before resubmit, as simple_switch's ingress thread
+            self._learned(p)
         if p.resubmit:
             ingress_q.append((port, data, self._preserved(p, p.resubmit), RESUBMIT))
             return

@@ -8,14 +8,17 @@ MODIFY/DELETE of a missing entry -> NOT_FOUND, const tables and const default ac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
 from finsy.proto import p4i, p4r
 
-from .errors import P4RuntimeError, ProgramError, UnsupportedConstruct
+from .bytestrings import canonical
+from .digests import DigestEngine, Emit
+from .errors import P4RuntimeError, ProgramError
 from .externs import CounterArray, Meter, RegisterArray, ValueSet, configure_meter, meter_config
+from .packetio import PacketIO
 from .profile_mgr import MANUAL, ONESHOT, ProfileManager
 from .profiles import NO_ACTION
 from .program import Program, TableDef
@@ -68,7 +71,16 @@ class TableBinding:
 class Pipeline:
     """A compiled program plus the P4Info that names its objects for P4Runtime."""
 
-    def __init__(self, program: Program, p4info: p4i.P4Info, cookie: int, device_config: bytes) -> None:
+    def __init__(
+        self,
+        program: Program,
+        p4info: p4i.P4Info,
+        cookie: int,
+        device_config: bytes,
+        emit: Emit | None = None,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
+        """Bind `program` to `p4info`; digests go to `emit`, and `wake` hears of new digest timeouts."""
         self.program = program
         self.p4info = p4info
         self.cookie = cookie
@@ -84,12 +96,14 @@ class Pipeline:
         self.profiles: dict[int, ProfileBinding] = {}
         self.action_info: dict[int, p4i.Action] = {a.preamble.id: a for a in p4info.actions}
         self._bind()
+        self.packet_io = PacketIO(p4info)
+        self.digests = DigestEngine(
+            program.learn_lists, p4info, program.clock, emit or (lambda msg: None), wake or (lambda: None)
+        )
+        program.on_learn = self.digests.learn
 
     def _bind(self) -> None:
         prog = self.program
-        if self.p4info.controller_packet_metadata:
-            names = ", ".join(m.preamble.name for m in self.p4info.controller_packet_metadata)
-            raise UnsupportedConstruct("controller_packet_metadata (packet-in/out)", f"P4Info ({names})")
         for t in self.p4info.tables:
             name = t.preamble.name
             tdef = prog.tables.get(name)
@@ -207,6 +221,8 @@ class Pipeline:
             self._write_member(update.type, update.entity.action_profile_member)
         elif kind == "action_profile_group":
             self._write_group(update.type, update.entity.action_profile_group)
+        elif kind == "digest_entry":
+            self.digests.write(update.type, update.entity.digest_entry)
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"entity {kind} is not supported by this target")
 
@@ -621,6 +637,8 @@ class Pipeline:
             yield from self._read_members(entity.action_profile_member)
         elif kind == "action_profile_group":
             yield from self._read_groups(entity.action_profile_group)
+        elif kind == "digest_entry":
+            yield p4r.Entity(digest_entry=self.digests.read(entity.digest_entry))
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"reading {kind} is not supported by this target")
 
@@ -955,11 +973,6 @@ def _wildcard(kind: str, width: int) -> object:
     if kind == "RANGE":
         return (0, (1 << width) - 1)
     return None  # OPTIONAL
-
-
-def canonical(data: bytes) -> bytes:
-    """P4Runtime's canonical byte string: no leading zero bytes (at least one byte)."""
-    return data.lstrip(b"\0") or b"\0"
 
 
 def _stored(te: p4r.TableEntry) -> p4r.TableEntry:

@@ -5,6 +5,13 @@ primary; the primary and backups are told on every change (OK for the primary, A
 for backups, with the primary's election id); a duplicate election id is refused; only the
 primary may write or set the pipeline. Error texts match simple_switch_grpc's where clients
 (finsy, p4runtime-shell) look for them.
+
+Stream messages as simple_switch_grpc's PI server (proto/server/pi_server.cpp) handles them:
+PacketIn and DigestList go to the primary of the default role only (PI v0.1.1 has no roles: its
+one primary gets them), and nowhere when there is none; a PacketOut or DigestListAck from any
+other stream, or before arbitration, is ignored without an error. A PacketOut the device refuses
+(unknown metadata, no CPU port) is dropped silently too: PI reports it as a StreamError only when
+its ServerConfig enables stream error reporting, which is off by default.
 """
 
 from __future__ import annotations
@@ -12,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from finsy.proto import p4i, p4r, p4r_grpc, rpc_code, rpc_status
@@ -30,12 +38,30 @@ NO_PIPELINE = "No forwarding pipeline config set for this device"
 API_VERSION = "1.4.0"
 
 
+class DeviceListener(Protocol):
+    """Who hears what a device sends its controller; called from whichever thread processes packets."""
+
+    def stream_message(self, msg: p4r.StreamMessageResponse) -> None:
+        """A PacketIn or DigestList for the primary controller."""
+
+    def timers_changed(self) -> None:
+        """The device's next digest timeout (next_deadline_us) moved earlier."""
+
+
 class Device:
     """One P4 device: its pipeline (or none) and its packet path; shared by gRPC and packet I/O."""
 
-    def __init__(self, device_id: int, clock: Clock | None = None) -> None:
+    def __init__(self, device_id: int, clock: Clock | None = None, cpu_port: int | None = None) -> None:
         self.device_id = device_id
         self.clock = clock or Clock()
+        # simple_switch_grpc's --cpu-port: frames the pipeline sends there become PacketIns, and
+        # PacketOuts enter the pipeline there. None: no packet I/O (PacketOuts are dropped).
+        self.cpu_port = cpu_port
+        # How a PacketOut's frame enters the pipeline: by default processed here at once and its outputs
+        # handed to `transmit`; a packet thread (RawPorts.inject) queues it so that one thread runs packets.
+        self.inject: Callable[[int, bytes], None] = self._process_and_transmit
+        self.transmit: Callable[[int, bytes], None] | None = None
+        self.listeners: list[DeviceListener] = []
         self.pipeline: Pipeline | None = None
         self.saved: Pipeline | None = None
         # Normally None: packets take `pipeline`, the one P4Runtime reads and writes. Set, packets take
@@ -52,7 +78,9 @@ class Device:
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, "pipeline config has no p4info")
         try:
             program = Program.from_bytes(config.p4_device_config, self.clock)
-            return Pipeline(program, config.p4info, config.cookie.cookie, config.p4_device_config)
+            return Pipeline(
+                program, config.p4info, config.cookie.cookie, config.p4_device_config, self._emit, self._wake
+            )
         except ProgramError as exc:
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid pipeline: {exc}") from exc
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -61,11 +89,58 @@ class Device:
             ) from exc
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
-        """Run a packet through the current pipeline; with no pipeline nothing is forwarded."""
+        """Run a packet through the current pipeline; with no pipeline nothing is forwarded.
+
+        What goes to the CPU port becomes a PacketIn for the listeners, not an output.
+        """
         pipeline = self.data_plane or self.pipeline
         if pipeline is None:
             return []
-        return pipeline.program.process(port, data)
+        out = pipeline.program.process(port, data)
+        cpu = self.cpu_port
+        if cpu is None or all(eport != cpu for eport, _ in out):
+            return out
+        for eport, frame in out:
+            if eport == cpu and (msg := pipeline.packet_io.to_packet_in(frame)) is not None:
+                self._emit(p4r.StreamMessageResponse(packet=msg))
+        return [(eport, frame) for eport, frame in out if eport != cpu]
+
+    def packet_out(self, msg: p4r.PacketOut) -> None:
+        """Inject a PacketOut on the CPU port (raises P4RuntimeError if the device cannot)."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            raise P4RuntimeError(grpc.StatusCode.FAILED_PRECONDITION, NO_PIPELINE)
+        if self.cpu_port is None:
+            raise P4RuntimeError(grpc.StatusCode.UNKNOWN, "no CPU port: this device was started without --cpu-port")
+        self.inject(self.cpu_port, pipeline.packet_io.from_packet_out(msg))
+
+    def digest_ack(self, ack: p4r.DigestListAck) -> None:
+        """A controller's DigestListAck."""
+        if self.pipeline is not None:
+            self.pipeline.digests.ack(ack)
+
+    def tick(self) -> None:
+        """Run the digest timeouts due by now (the server does on wall-clock time; a simulation after
+        advancing a virtual clock)."""
+        if self.pipeline is not None:
+            self.pipeline.digests.tick()
+
+    def next_deadline_us(self) -> int | None:
+        """When tick() next has something to do, on the device's clock (None: nothing pending)."""
+        return None if self.pipeline is None else self.pipeline.digests.next_deadline_us()
+
+    def _process_and_transmit(self, port: int, data: bytes) -> None:
+        for eport, frame in self.process(port, data):
+            if self.transmit is not None:  # with nowhere to send, frames are dropped (bmv2: no interface)
+                self.transmit(eport, frame)
+
+    def _emit(self, msg: p4r.StreamMessageResponse) -> None:
+        for listener in self.listeners:
+            listener.stream_message(msg)
+
+    def _wake(self) -> None:
+        for listener in self.listeners:
+            listener.timers_changed()
 
 
 @dataclass(eq=False)
@@ -91,6 +166,50 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):
     def __init__(self, device: Device) -> None:
         self.device = device
         self.streams: list[_Stream] = []
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # created outside a loop: the first RPC brings it
+            self._loop = None
+        self._timer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        device.listeners.append(self)
+
+    # ---------------------------------------------------------------- messages from the device
+
+    def stream_message(self, msg: p4r.StreamMessageResponse) -> None:
+        """Queue a PacketIn or DigestList for the primary (from any thread)."""
+        if self._loop is not None:  # no loop yet: no stream yet, so no primary to tell
+            self._loop.call_soon_threadsafe(self._to_primary, msg)
+
+    def timers_changed(self) -> None:
+        """Wake the digest timer (from any thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._start_timer)
+
+    def _to_primary(self, msg: p4r.StreamMessageResponse) -> None:
+        primary = self._primary("")
+        if primary is not None:
+            primary.queue.put_nowait(msg)
+
+    def _start_timer(self) -> None:
+        """Run the digest timeouts on wall-clock time (a virtual clock's owner calls Device.tick)."""
+        if not self.device.clock.realtime:
+            return
+        self._wake.set()
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._run_timer())
+
+    async def _run_timer(self) -> None:
+        device = self.device
+        while (deadline := device.next_deadline_us()) is not None:
+            self._wake.clear()
+            delay = max(0, deadline - device.clock.now_us()) / 1e6
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except TimeoutError:
+                pass
+            with device.lock:
+                device.tick()
 
     # ---------------------------------------------------------------- arbitration
 
@@ -126,6 +245,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[p4r.StreamMessageResponse]:
         """Arbitration and stream messages for one controller connection."""
+        self._loop = asyncio.get_running_loop()
         stream: _Stream | None = None
         reader_done = asyncio.Event()
         outbox: asyncio.Queue[p4r.StreamMessageResponse | BaseException] = asyncio.Queue()
@@ -137,9 +257,8 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):
                     kind = req.WhichOneof("update")
                     if kind == "arbitration":
                         stream = self._arbitrate(req.arbitration, stream, outbox)
-                    elif stream is None:
-                        raise P4RuntimeError(grpc.StatusCode.FAILED_PRECONDITION, "send an arbitration update first")
-                    # packet-out and digest acks: no CPU port or digests in this target yet
+                    elif stream is not None and self._primary(stream.role) is stream:
+                        self._from_primary(req)
             except P4RuntimeError as exc:
                 outbox.put_nowait(exc)
             finally:
@@ -163,6 +282,17 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):
                 self.streams.remove(stream)
                 if was_primary:
                     self._notify(role)
+
+    def _from_primary(self, req: p4r.StreamMessageRequest) -> None:
+        kind = req.WhichOneof("update")
+        try:
+            if kind == "packet":
+                self.device.packet_out(req.packet)
+            elif kind == "digest_ack":
+                with self.device.lock:
+                    self.device.digest_ack(req.digest_ack)
+        except P4RuntimeError as exc:
+            LOG.debug("packet-out dropped: %s", exc.message)
 
     def _arbitrate(
         self,
@@ -276,6 +406,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):
             await context.abort(exc.code, exc.message)
         # Errors by update index; the per-update details are built only when one fails.
         failures: dict[int, p4r.Error] = {}
+        self._loop = asyncio.get_running_loop()
         with self.device.lock:
             for i, update in enumerate(request.updates):
                 try:

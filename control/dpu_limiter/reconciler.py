@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import finsy as fy
-from finsy.grpcutil import GRPCCredentialsTLS
+from finsy.grpcutil import GRPCCredentialsTLS, GRPCStatusCode
 from finsy.p4client import P4ClientError
 from finsy.p4schema import P4ConfigResponseType
 from finsy.proto import p4i, p4r
@@ -72,6 +73,7 @@ class DpuAgent:
         self._applied_intent: dp.Intent | None = None
         self._codec: dp.Codec | None = None
         self._held: dp.Held | None = None  # the last read-back that matched the intent applied
+        self._restored_at = -math.inf  # when the pipeline was last reinstalled for unreadable state
         opts = fy.SwitchOptions(
             p4info=program.p4info,
             p4blob=program.bmv2_json,
@@ -161,6 +163,8 @@ class DpuAgent:
                     self.status.converged = False
                     self.status.last_error = str(exc)
                     LOG.warning("reconcile %s failed: %s", self.dpu.name, exc)
+                    if isinstance(exc, P4ClientError) and exc.code not in TRANSIENT and await self._restore(exc):
+                        continue  # reconcile the fresh pipeline at once
                 try:
                     # Jittered, so that DPUs that converged together do not all read back at once.
                     async with asyncio.timeout(self.resync_s * random.uniform(0.8, 1.2)):
@@ -172,6 +176,39 @@ class DpuAgent:
             self.status.connected = False
             self.status.primary = False
             self.status.converged = False
+
+    async def _restore(self, exc: P4ClientError) -> bool:
+        """Put our pipeline back on a DPU that runs another one, or whose state its own P4Runtime
+        server can no longer read.
+
+        Firmware can change the pipeline behind the controller's back: load another program (the
+        cookie the controller saw at connect time is then stale), or, on bmv2, add an entry or swap
+        the program through its Thrift port, after which the P4Runtime server fails reads of what it
+        thought it held. Only a new pipeline clears either. At most once per resync period, so that
+        a DPU that stays broken is not reloaded in a loop; an error from our own request (the
+        pipeline is ours, the state readable) reloads nothing. Reloading fails closed: until the
+        entries are back, nothing crosses the boundary.
+        """
+        now = time.monotonic()
+        if now - self._restored_at < self.resync_s:
+            return False
+        self._restored_at = now
+        try:
+            if exc.code in UNREADABLE:
+                why = f"state unreadable ({exc.code.name}: {exc.message})"
+            elif await self.pipeline_digest() != self.expected_digest():
+                why = f"another pipeline loaded ({exc.code.name}: {exc.message})"
+            else:
+                return False
+            await self.reinstall_pipeline()
+        except P4ClientError as err:
+            LOG.warning("%s: pipeline check or reinstall failed: %s", self.dpu.name, err)
+            return False
+        self.status.drift_corrections += 1
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.status.last_drift = f"{when}: {why}, pipeline reinstalled"
+        LOG.warning("%s: %s", self.dpu.name, self.status.last_drift)
+        return True
 
     async def _reconcile_with_retries(self, sw: fy.Switch, resync: bool) -> None:
         try:
@@ -281,6 +318,13 @@ def digest(p4info: p4i.P4Info, device_config: bytes) -> str:
     h = hashlib.sha256(p4info.SerializeToString(deterministic=True))
     h.update(device_config)
     return h.hexdigest()
+
+
+# What a DPU's P4Runtime server answers when its own record of the pipeline's state no longer
+# matches the pipeline (PI: "Table state out-of-sync with target"; reads of a swapped pipeline).
+UNREADABLE = frozenset({GRPCStatusCode.INTERNAL, GRPCStatusCode.UNKNOWN})
+# Failures of the connection, not answers of the DPU: no reason to look at its pipeline.
+TRANSIENT = frozenset({GRPCStatusCode.UNAVAILABLE, GRPCStatusCode.DEADLINE_EXCEEDED, GRPCStatusCode.CANCELLED})
 
 
 class DriftError(Exception):

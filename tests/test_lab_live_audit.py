@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from conftest import ROOT, audited_scenario, can_netns
+from conftest import audited_scenario, can_netns, probed_scenario
 from dpu_lab.config import load_scenario
 from dpu_lab.runner import LabRun
 
@@ -46,31 +45,6 @@ def test_a_compromised_dpu_is_caught_in_real_time(tmp_path: Path, forge: bool, s
         assert not r.cap_held  # read-back sees nothing wrong, the cap is gone
 
 
-def probed(tmp_path: Path, event: dict[str, Any] | None, burst_bytes: int = 100_000) -> Path:
-    """Pod a capped at 8 Mbit/s and sending only 4 (b's cap 24 Mbit/s: its probe stays within what the
-    machine carries), checked by probes alone every second."""
-    doc = {
-        "name": "probe",
-        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
-        "caps": [
-            {"pod": p, "egress": rate, "ingress": rate, "window_s": 2, "burst_bytes": burst_bytes}
-            for p, rate in (("a", "8M"), ("b", "24M"))
-        ],
-        "audit": {"interval_s": 1, "checks": ["probe"]},
-        "phases": [
-            {
-                "name": "p",
-                "duration_s": 6,
-                "flows": [{"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "4M"}],
-                "events": [event] if event else [],
-            }
-        ],
-    }
-    path = tmp_path / "probe.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 @pytest.mark.parametrize(
     ("target", "burst_bytes"),
     [("embedded", 100_000), pytest.param("bmv2", 400_000, marks=pytest.mark.bmv2)],  # bmv2 queues 294 kB
@@ -80,7 +54,9 @@ def test_real_time_probes_raise_no_alert_while_the_cap_holds(tmp_path: Path, tar
         pytest.skip(reason)
     if target == "bmv2" and shutil.which("simple_switch_grpc") is None:
         pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
-    r = LabRun(load_scenario(probed(tmp_path, None, burst_bytes)), tmp_path / "out", target, "builtin").run()  # type: ignore[arg-type]
+    # b's cap 24 Mbit/s: its own probe stays within what this machine carries.
+    sc = load_scenario(probed_scenario(tmp_path, ["probe"], None, "24M", burst_bytes))
+    r = LabRun(sc, tmp_path / "out", target, "builtin").run()  # type: ignore[arg-type]
     assert r.cap_held
     assert r.audit is not None and r.audit["alerts"] == [] and r.audit["false_alarms"] == 0
     # The probes ran: their bursts reached the router and took their share of pod a's cap.
@@ -93,7 +69,8 @@ def test_a_real_time_probe_finds_a_compromise_the_pods_traffic_does_not_show(tmp
         pytest.skip(reason)
     # Forged: read-back would see nothing, and the pod's own 4 Mbit/s stays under the cap it no longer has.
     event = {"at_s": 2.5, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter", "forge": True}
-    r = LabRun(load_scenario(probed(tmp_path, event)), tmp_path / "out", "embedded", "builtin").run()
+    sc = load_scenario(probed_scenario(tmp_path, ["probe"], event, "24M"))
+    r = LabRun(sc, tmp_path / "out", "embedded", "builtin").run()
     assert r.audit is not None and r.audit["detected"] and r.audit["false_alarms"] == 0
     assert r.audit["detected_by"] == ["probe"] and r.audit["alerts"][0]["where"] == "a egress"
     # The first burst after the compromise is judged at the tick after it: within two intervals.

@@ -71,13 +71,14 @@ class LabRun:
     def run(self) -> Report:
         """Run the scenario end to end."""
         sc = self.scenario
+        if self.target == "bmv2" and any(e.action == "compromise" for ph in sc.phases for e in ph.events):
+            raise ConfigError(
+                "compromise events on bmv2: in real time the lab reaches only the embedded target's firmware; "
+                "use --target embedded, or --time virtual"
+            )
         virtual_only = [
             what
             for what, used in (
-                (
-                    "compromise events on bmv2 (the lab reaches only the embedded target's firmware)",
-                    self.target == "bmv2" and any(e.action == "compromise" for ph in sc.phases for e in ph.events),
-                ),
                 ("workloads", any(ph.workloads for ph in sc.phases)),
                 ("parallel uplinks", any(p.uplinks > 1 for p in sc.topology.pods)),
                 ("more than one router", len(sc.topology.routers) > 1),

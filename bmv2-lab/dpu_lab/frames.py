@@ -52,6 +52,11 @@ def mac_port(mac: bytes) -> int:
     return (mac[4] << 8) | mac[5]
 
 
+def shape(encap: Encap, spoof_src: str | None) -> str:
+    """How a flow's frames evade, as reports name it: "vxlan", "spoof_src 10.0.2.7", both, or "" (none)."""
+    return ", ".join(([encap] if encap != "none" else []) + ([f"spoof_src {spoof_src}"] if spoof_src else []))
+
+
 def marker(src: str, port: int) -> bytes:
     """The start of every datagram payload: who really sent it, on which flow."""
     return _MARKED.pack(MARK, ipaddress.IPv4Address(src).packed, port)

@@ -29,7 +29,7 @@ from .capture import load_capture
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
-from .frames import largest_payload
+from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
 from .report import Flow, Phase, Report, write_report
@@ -369,6 +369,7 @@ class LabRun:
             offered_bps=offered,
             delivered_bps=delivered,
             loss_ratio=max(0.0, loss),
+            shape=shape(f.encap, f.spoof_src),
         )
 
     # ------------------------------------------------------------------ evaluation

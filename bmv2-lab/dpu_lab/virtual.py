@@ -23,7 +23,7 @@ from .audit import PROBE_PORT, AgentView, Auditor, Probe
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
-from .frames import Encap
+from .frames import Encap, shape
 from .report import Flow, Phase, Report, write_report
 from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
@@ -325,6 +325,7 @@ class VirtualLabRun:
                     offered_bps=s.source.sent_wire_bytes * 8 / dur,
                     delivered_bps=s.delivered_bytes * 8 / dur,
                     loss_ratio=max(0.0, 1 - received / sent) if sent else 0.0,
+                    shape=shape(s.encap, s.spoof_src),
                 )
             )
         duration = sum(ph.duration_s for ph in sc.phases)

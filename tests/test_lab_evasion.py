@@ -66,8 +66,11 @@ def test_no_evasion_gets_past_the_cap_in_real_time(tmp_path: Path, target: str) 
     # seven flows of 4 Mbit/s share an 8 Mbit/s cap, so each gets far less than it offers ...
     for name in SHAPES:
         assert 0 < flows[name].delivered_bps < 0.6 * flows[name].offered_bps, name
-    # ... and together no more than the cap (plus the bucket over the 4 s phase).
-    assert sum(flows[n].delivered_bps for n in SHAPES) <= 8e6 + 400_000 * 8 / 4
+    # ... and together no more than the cap over the time they arrived in, plus the bucket (on a busy machine
+    # senders may start late and end late: the phase's 4 s is not that time).
+    got = [json.loads((tmp_path / "out" / "raw" / f"{n}-recv.json").read_text()) for n in SHAPES]
+    span = max(g["last_arrival"] for g in got) - min(g["first_arrival"] for g in got)
+    assert sum(g["received_wire_bytes"] for g in got) <= 8e6 * span / 8 + 400_000 + 1518
     # A source forged into pod b never leaves pod a: dropped, and counted, as spoofed.
     assert flows["spoofed-into-b"].delivered_bps == 0
     egress = next(u for u in r.dpu_counters if (u["pod"], u["direction"]) == ("a", "egress"))

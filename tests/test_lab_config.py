@@ -63,6 +63,7 @@ phases:
         ("dst: b1", "dst: nobody", "unknown host 'nobody'"),
         ("protocol: udp", "protocol: sctp", "flows.0.protocol"),
         ("rate: 10M", "size: 100", "needs a rate"),
+        ("protocol: udp, src: a1, dst: b1, rate: 10M", "protocol: tcp, src: a1, dst: b1, encap: gre", "takes neither"),
         ("duration_s: 5", "duration_s: -1", "phases.0.duration_s"),
     ],
 )

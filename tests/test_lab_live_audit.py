@@ -1,7 +1,8 @@
 """The compromised DPU and the verifier's audit in real time: real processes, namespaces and packets.
 
 The embedded target's firmware socket, or bmv2's Thrift API, takes the attack; the router namespace's
-own counters, the control plane's read-back and its usage counters feed the audit (live_audit.py)."""
+own counters, the control plane's read-back and its usage counters feed the audit, and the verifier's
+probes send over the cap from inside a pod to the router (live_audit.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import audited_scenario, can_netns
+from conftest import audited_scenario, can_netns, probed_scenario
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.runner import LabRun
 from dpu_lab.targets import BUFFER_BYTES, TargetKind
@@ -97,3 +98,35 @@ def test_bmv2_entries_or_a_program_put_in_beside_p4runtime_are_undone_by_a_new_p
     r = caught_on_bmv2(tmp_path, how, "read-back")
     alerts = [a for a in r.audit["alerts"] if a["check"] == "read-back"]
     assert any("pipeline reinstalled" in a["detail"] for a in alerts), alerts
+
+
+@pytest.mark.parametrize(
+    ("target", "burst_bytes"),
+    [("embedded", 100_000), pytest.param("bmv2", 400_000, marks=pytest.mark.bmv2)],  # bmv2 queues 294 kB
+)
+def test_real_time_probes_raise_no_alert_while_the_cap_holds(tmp_path: Path, target: str, burst_bytes: int) -> None:
+    if reason := can_netns():
+        pytest.skip(reason)
+    if target == "bmv2" and shutil.which("simple_switch_grpc") is None:
+        pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
+    # b's cap 24 Mbit/s: its own probe stays within what this machine carries.
+    sc = load_scenario(probed_scenario(tmp_path, ["probe"], None, "24M", burst_bytes))
+    r = LabRun(sc, tmp_path / "out", target, "builtin").run()  # type: ignore[arg-type]
+    assert r.cap_held
+    assert r.audit is not None and r.audit["alerts"] == [] and r.audit["false_alarms"] == 0
+    # The probes ran: their bursts reached the router and took their share of pod a's cap.
+    egress = next(u for u in r.dpu_counters if (u["pod"], u["direction"]) == ("a", "egress"))
+    assert int(egress["red_bytes"]) > 0
+
+
+def test_a_real_time_probe_finds_a_compromise_the_pods_traffic_does_not_show(tmp_path: Path) -> None:
+    if reason := can_netns():
+        pytest.skip(reason)
+    # Forged: read-back would see nothing, and the pod's own 4 Mbit/s stays under the cap it no longer has.
+    event = {"at_s": 2.5, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter", "forge": True}
+    sc = load_scenario(probed_scenario(tmp_path, ["probe"], event, "24M"))
+    r = LabRun(sc, tmp_path / "out", "embedded", "builtin").run()
+    assert r.audit is not None and r.audit["detected"] and r.audit["false_alarms"] == 0
+    assert r.audit["detected_by"] == ["probe"] and r.audit["alerts"][0]["where"] == "a egress"
+    # The first burst after the compromise is judged at the tick after it: within two intervals.
+    assert r.audit["time_to_detection_s"] <= 2.5

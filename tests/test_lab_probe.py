@@ -5,40 +5,15 @@ counter the operator's devices keep; a clean run raises no alert; a probe too sh
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from conftest import ROOT, attacked_pod_caps
+from conftest import probed_scenario as scenario
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.virtual import VirtualLabRun
 
 pytestmark = pytest.mark.timeout(300)
 SEGMENT = 8000
-
-
-def scenario(tmp_path: Path, checks: list[str], event: dict[str, Any] | None, **audit: Any) -> Path:
-    """Pod a capped at 8 Mbit/s and sending only 4; b's cap far above."""
-    doc = {
-        "name": "probe",
-        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
-        "caps": attacked_pod_caps("8M", 100_000),
-        "audit": {"interval_s": 1, "checks": checks, **audit},
-        "phases": [
-            {
-                "name": "p",
-                "duration_s": 6,
-                "flows": [{"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "4M"}],
-                "events": [event] if event else [],
-            }
-        ],
-    }
-    path = tmp_path / "probe.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 COMPROMISE = {"at_s": 2.5, "action": "compromise", "dpu": "dpu-a", "how": "raise-meter", "forge": True}
 
 

@@ -70,6 +70,7 @@ def test_report_json_has_schema_fields_with_types(tmp_path: Path) -> None:
         "offered_bps": float,
         "delivered_bps": float,
         "loss_ratio": float,
+        "shape": str,
     }
     for result in data["results"]:
         assert {k: type(result[k]) for k in result_types} == result_types

@@ -13,9 +13,10 @@ Every `interval_s` of simulated time (the simulation paused, so every figure is 
   say reached their meters on the way in (passed or dropped by meter, window budget or lease). A
   DPU that exempts, hides or forges traffic breaks the balance.
 - **probe** (asked for in `checks`): in each interval the verifier's probe agent on a capped pod's
-  host sends more than the pod's cap for `probe_s` to a host in another pod; its receiver checks
-  that no more got through than the cap allows in that time. It needs no counter the operator's
-  devices keep or forward, and it tests the cap when the pod's own traffic stays below it.
+  host sends more than the pod's cap for `probe_s` out of the pod (virtual time: to a host in another
+  pod; real time, live_audit.py: to the router itself); its receiver checks that no more got through
+  than the cap allows in that time. It needs no counter the operator's devices keep or forward, and it
+  tests the cap when the pod's own traffic stays below it.
 
 Each check raises one alert per place, the first time it fails; the time to detection of a
 compromise is from the compromise to the first alert after it.
@@ -36,6 +37,7 @@ from .evaluate import allowance_bytes, directions
 from .traffic import Timeline
 
 CHECKS: tuple[AuditCheck, ...] = get_args(AuditCheck)
+PROBE_PORT = 60000  # the verifier's probes (one port per capped pod)
 READ_BACK_TIMEOUT_S = 30.0
 
 

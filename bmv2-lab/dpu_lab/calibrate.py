@@ -60,11 +60,14 @@ class Calibration:
 
 
 def needed(sc: Scenario) -> tuple[float, float]:
-    """(highest cap rate, highest UDP load offered through one pod and direction at once), bit/s."""
+    """(highest cap rate, highest UDP load offered through one pod and direction at once, the audit's
+    probes included), bit/s."""
     caps = [max(sc.peak_rates(c.pod)) for c in sc.caps]
+    factor = sc.audit.probe_factor if sc.audit is not None and "probe" in sc.audit.checks else 0.0
+    probes = {(c.pod, "egress"): factor * sc.peak_rates(c.pod)[0] for c in sc.caps if factor}
     load = 0.0
     for ph in sc.phases:
-        per: dict[tuple[str, str], float] = {}
+        per = dict(probes)
         for f in ph.flows:
             if f.rate is None:
                 continue

@@ -2,11 +2,14 @@
 
 ``ip netns exec NS python -m dpu_lab.capture --iface IF --duration S --out F [--linger 1.0]``
 
-An AF_PACKET socket bound to the interface sees every incoming frame. Each IPv4 frame adds
-its wire length (the frame as received, Ethernet header included, no FCS, preamble or gap) to
-a 1 ms bin of its IPv4 source address; everything else is counted under ``"non-ipv4"``.
-These are the receiver-side figures the compliance check uses, independent of any DPU's own
-counters.
+An AF_PACKET socket bound to the interface sees every incoming frame addressed to the host
+(or broadcast), before the host's IP stack could drop it. Each frame adds its wire length (the
+frame as received, Ethernet header included, no FCS, preamble or gap) to a 1 ms bin of its
+sender: the true sender a lab frame's marker names (frames.py: evasion frames, whatever they
+carry or forge), else its IPv4 source address; everything else is counted under
+``"non-ipv4"``. These are the receiver-side figures the compliance check uses, independent of
+any DPU's own counters. The kernel moves a VLAN tag out of the frame before the socket sees it
+(into PACKET_AUXDATA); its 4 bytes are counted back.
 
 Wire length of offloaded segments: a veth (or a TSO-capable NIC) can deliver a GSO
 super-packet of up to 64 KiB that stands for many wire frames. The socket asks for a
@@ -32,11 +35,13 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dpu_lab.frames import VLAN_TAG, marked
 from dpu_lab.traffic import Timeline, receive_deadline, write_json
+from p4sim.ports import AUX_SPACE, AUXDATA, PACKET_AUXDATA, SOL_PACKET, TP_STATUS_VLAN_VALID
 
 CAPTURE_BIN_S = 0.001
 NON_IPV4 = "non-ipv4"
@@ -46,11 +51,11 @@ RCVBUF_BYTES = 8 << 20
 # asm-generic/socket.h). SO_TIMESTAMPNS is the 64-bit-time "old" value on 64-bit hosts.
 ETH_P_ALL = 0x0003
 ETH_P_IP = 0x0800
-SOL_PACKET = 263
 PACKET_STATISTICS = 6
 PACKET_VNET_HDR = 15
 PACKET_IGNORE_OUTGOING = 23
 SO_TIMESTAMPNS = 35
+PACKET_OTHERHOST = 3
 PACKET_OUTGOING = 4
 
 # struct virtio_net_hdr: flags, gso_type, hdr_len, gso_size, csum_start, csum_offset.
@@ -136,7 +141,11 @@ def frame_wire_bytes(vnet: Buffer, frame: Buffer, frame_len: int | None = None) 
 
 
 def source_key(frame: Buffer) -> str:
-    """Return the IPv4 source address of an Ethernet frame, or ``"non-ipv4"``."""
+    """Return the true sender a lab frame's marker names, else the IPv4 source address of an Ethernet
+    frame, or ``"non-ipv4"``."""
+    found = marked(bytes(frame))
+    if found is not None:
+        return found[0]
     if len(frame) >= _ETH_HLEN + 20 and frame[12] == ETH_P_IP >> 8 and frame[13] == ETH_P_IP & 0xFF:
         return socket.inet_ntoa(bytes(frame[26:30]))
     return NON_IPV4
@@ -150,6 +159,7 @@ def open_socket(iface: str) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+    sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
     # Kernels before 4.20 lack the option; outgoing frames are still skipped by pkttype.
     with contextlib.suppress(OSError):
         sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
@@ -172,34 +182,58 @@ def _request_stop(signum: int, frame: object) -> None:
     _stop_requested = True
 
 
+@dataclass
+class Incoming:
+    """Frames arriving on an interface, read until a deadline (or SIGTERM)."""
+
+    iface: str
+    kernel_stamps: bool = True  # every frame had the kernel's receive time (else some had time.time())
+    drops: int = 0  # frames the kernel dropped because the reader fell behind
+
+    def frames(self, deadline: float) -> Iterator[tuple[float, int, bytes]]:
+        """(receive time, wire bytes, the frame's first bytes) of each frame addressed to this host, until
+        monotonic ``deadline``."""
+        # Only headers are read: MSG_TRUNC makes recvmsg return the full frame length anyway,
+        # and skipping the copy of up to 64 KiB per GSO packet keeps up with higher rates.
+        buf = bytearray(_HEADER_BYTES)
+        view = memoryview(buf)
+        ancillary = socket.CMSG_SPACE(_TIMESPEC.size) + AUX_SPACE
+        with open_socket(self.iface) as sock:
+            while (remaining := deadline - time.monotonic()) > 0 and not _stop_requested:
+                sock.settimeout(min(remaining, 0.1))
+                try:
+                    n, ancdata, _, addr = sock.recvmsg_into([buf], ancillary, socket.MSG_TRUNC)
+                except TimeoutError:
+                    continue
+                if addr[2] in (PACKET_OUTGOING, PACKET_OTHERHOST) or n < _VNET_HDR.size:
+                    continue
+                stamp = _timestamp(ancdata)
+                if stamp is None:
+                    self.kernel_stamps = False
+                    stamp = time.time()
+                frame = view[_VNET_HDR.size : min(n, len(buf))]
+                wire = frame_wire_bytes(view, frame, n - _VNET_HDR.size) + vlan_tag_bytes(ancdata)
+                yield stamp, wire, bytes(frame)
+            self.drops = _kernel_drops(sock)
+
+
 def capture(iface: str, deadline: float) -> Capture:
     """Count incoming wire bytes per source on ``iface`` until monotonic ``deadline`` (or SIGTERM)."""
     started = time.time()
-    # Only headers are read: MSG_TRUNC makes recvmsg return the full frame length anyway,
-    # and skipping the copy of up to 64 KiB per GSO packet keeps up with higher rates.
-    buf = bytearray(_HEADER_BYTES)
-    view = memoryview(buf)
-    ancillary = socket.CMSG_SPACE(_TIMESPEC.size)
     timelines: dict[str, Timeline] = {}
-    kernel_stamps = True
-    with open_socket(iface) as sock:
-        while (remaining := deadline - time.monotonic()) > 0 and not _stop_requested:
-            sock.settimeout(min(remaining, 0.1))
-            try:
-                n, ancdata, _, addr = sock.recvmsg_into([buf], ancillary, socket.MSG_TRUNC)
-            except TimeoutError:
-                continue
-            if addr[2] == PACKET_OUTGOING or n < _VNET_HDR.size:
-                continue
-            stamp = _timestamp(ancdata)
-            if stamp is None:
-                kernel_stamps = False
-                stamp = time.time()
-            frame = view[_VNET_HDR.size : min(n, len(buf))]
-            wire = frame_wire_bytes(view, frame, n - _VNET_HDR.size)
-            timelines.setdefault(source_key(frame), Timeline(CAPTURE_BIN_S)).add(stamp, wire)
-        drops = _kernel_drops(sock)
-    return to_capture(iface, started, timelines, drops, "kernel" if kernel_stamps else "user")
+    incoming = Incoming(iface)
+    for stamp, wire, frame in incoming.frames(deadline):
+        timelines.setdefault(source_key(frame), Timeline(CAPTURE_BIN_S)).add(stamp, wire)
+    stamps = "kernel" if incoming.kernel_stamps else "user"
+    return to_capture(iface, started, timelines, incoming.drops, stamps)
+
+
+def vlan_tag_bytes(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The bytes of the VLAN tag the kernel took out of a received frame (PACKET_AUXDATA), if any."""
+    for level, kind, data in ancdata:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
+            return VLAN_TAG if AUXDATA.unpack_from(data)[0] & TP_STATUS_VLAN_VALID else 0
+    return 0
 
 
 def _timestamp(ancdata: list[tuple[int, int, bytes]]) -> float | None:

@@ -267,7 +267,8 @@ class FlowSpec(_Model):
     dst: str
     rate: float | None = None  # UDP offered rate, bit/s (wire bytes)
     size: int = Field(default=1400, ge=18, le=1472)
-    # Evasion (virtual time): the datagrams' shape (frames.py) and a forged IPv4 source address.
+    # Evasion: the datagrams' shape (frames.py) and a forged IPv4 source address (UDP only; in real time
+    # raw frames, evasion.py).
     encap: Literal["none", "vlan", "ipv6", "gre", "vxlan", "fragment"] = "none"
     spoof_src: str | None = None
     # Virtual time: the sender picked its ports so that its pod's ECMP puts the flow on this uplink
@@ -292,6 +293,8 @@ class FlowSpec(_Model):
             raise ValueError(f"flow {self.name!r}: a UDP flow needs a rate")
         if self.protocol == "tcp" and self.rate is not None:
             raise ValueError(f"flow {self.name!r}: a TCP flow is bulk; remove rate")
+        if self.protocol == "tcp" and (self.encap != "none" or self.spoof_src):
+            raise ValueError(f"flow {self.name!r}: encap and spoof_src shape UDP datagrams; a TCP flow takes neither")
         return self
 
 
@@ -346,8 +349,9 @@ class AuditSpec(_Model):
     """The verifier's audit beside the control plane (live_audit.py in real time): which checks, how often.
 
     probe: every interval, the verifier's probe agent on each capped pod's first host sends
-    `probe_factor` times the pod's egress cap for `probe_s` to a host in another pod, and the probe's
-    receiver checks that no more arrived than the cap allows in that time.
+    `probe_factor` times the pod's egress cap for `probe_s` out of the pod (virtual time: to a host in
+    another pod; real time: to the router), and the probe's receiver checks that no more arrived than
+    the cap allows in that time.
     """
 
     interval_s: float = Field(default=1.0, gt=0, le=3600)

@@ -8,7 +8,13 @@ intra-pod is exempt).
 The simulator routes and attributes frames by their Ethernet addresses, never by what an evader
 may forge: a host's MAC is 02:PP:HH:00:00:00 (pod and host index), and a sender puts its flow's
 port in the last two bytes of its source MAC, so receivers know the true sender and flow of any
-frame, whatever it encapsulates. Checksums are left zero: nothing on the path checks them.
+frame, whatever it encapsulates. IPv4 headers carry their checksums (a Linux bridge drops IPv4 whose
+header checksum is wrong); UDP checksums are left zero (none, over IPv4): nothing on the path checks them.
+
+In real time (evasion.py) routers rewrite no MACs for these frames (netns.py switches them by
+destination MAC), but a receiver's capture cannot tell hosts by source MAC alone; so the datagram's
+payload starts with a marker, MARK followed by the true sender's IPv4 address and the flow's port,
+which receivers find wherever the shape puts the datagram.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ VLAN_ID = 100
 VXLAN_PORT = 4789
 VNI = 42
 SPORT = 40000
+MARK = b"DPULAB"
+_MARKED = struct.Struct("!6s4sH")  # MARK, the true sender's IPv4 address, the flow's port
+ETH_MAX = 1514  # the largest untagged frame a 1500-byte MTU carries (no FCS)
+VLAN_TAG = 4
 
 
 def host_mac(pod_index: int, host_index: int, port: int = 0) -> bytes:
@@ -42,6 +52,35 @@ def mac_port(mac: bytes) -> int:
     return (mac[4] << 8) | mac[5]
 
 
+def shape(encap: Encap, spoof_src: str | None) -> str:
+    """How a flow's frames evade, as reports name it: "vxlan", "spoof_src 10.0.2.7", both, or "" (none)."""
+    return ", ".join(([encap] if encap != "none" else []) + ([f"spoof_src {spoof_src}"] if spoof_src else []))
+
+
+def marker(src: str, port: int) -> bytes:
+    """The start of every datagram payload: who really sent it, on which flow."""
+    return _MARKED.pack(MARK, ipaddress.IPv4Address(src).packed, port)
+
+
+def marked(data: bytes | bytearray) -> tuple[str, int] | None:
+    """(true sender's IPv4 address, flow port) from the marker in a frame's first bytes, if there is one."""
+    if data[12:14] == b"\x08\x00" and data[23:24] == b"\x01":
+        return None  # ICMP: an error quotes the datagram it answers, marker and all, but it is not that datagram
+    at = data.find(MARK)
+    if at < 0 or at + _MARKED.size > len(data):
+        return None
+    _, src, port = _MARKED.unpack_from(data, at)
+    return str(ipaddress.IPv4Address(src)), port
+
+
+def _checksum(header: bytes) -> int:
+    """The Internet checksum of an IPv4 header (RFC 1071) whose checksum field is zero."""
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total > 0xFFFF:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
 def _ipv4(src: str, dst: str, proto: int, body: bytes, flags_frag: int = 0) -> bytes:
     header = struct.pack(
         "!BBHHHBBH4s4s",
@@ -56,7 +95,7 @@ def _ipv4(src: str, dst: str, proto: int, body: bytes, flags_frag: int = 0) -> b
         ipaddress.IPv4Address(src).packed,
         ipaddress.IPv4Address(dst).packed,
     )
-    return header + body
+    return header[:10] + struct.pack("!H", _checksum(header)) + header[12:] + body
 
 
 def _udp(dport: int, payload: bytes) -> bytes:
@@ -86,7 +125,8 @@ def frame(
     """
     eth = dst_mac + src_mac
     ip_src = spoof_src or src
-    datagram = _udp(dport, bytes(payload))
+    mark = marker(src, dport) if payload >= _MARKED.size else b""
+    datagram = _udp(dport, mark + bytes(payload - len(mark)))
     if encap == "none":
         return eth + struct.pack("!H", ETH_IPV4) + _ipv4(ip_src, dst, 17, datagram)
     if encap == "vlan":
@@ -102,3 +142,9 @@ def frame(
     # vxlan: a whole inner Ethernet frame in UDP to port 4789.
     vxlan = struct.pack("!II", 0x08000000, VNI << 8) + eth + struct.pack("!H", ETH_IPV4) + inner
     return eth + struct.pack("!H", ETH_IPV4) + _ipv4(ip_src, dst, 17, _udp(VXLAN_PORT, vxlan))
+
+
+def largest_payload(encap: Encap) -> int:
+    """The largest datagram payload whose frame, shaped as `encap`, a 1500-byte MTU carries."""
+    overhead = len(frame(encap, "0.0.0.0", "0.0.0.0", 0, 0, bytes(6), bytes(6)))
+    return ETH_MAX + (VLAN_TAG if encap == "vlan" else 0) - overhead

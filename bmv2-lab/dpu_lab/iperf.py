@@ -305,6 +305,8 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """Run the subcommand of parsed ``args``; return its JSON result and an error message or None."""
     iperf3_path()  # fail before sleeping until --start-at
+    if getattr(args, "burst_s", None) is not None or getattr(args, "period_s", None) is not None:
+        raise SystemExit("--burst-s, --period-s: iperf3 paces no bursts; use python -m dpu_lab.traffic")
     if args.command == "udp-send":
         _wait_until(args.start_at)
         udp, error = udp_send(args.dst, args.port, args.rate_bps, args.size, args.duration)

@@ -7,26 +7,47 @@ read-back is the control plane's reconciler (every DPU read back against desired
 `interval_s`, each correction counted per DPU in GetStatus), conservation takes the DPUs' counters
 from GetUsage, read between two readings of the router's, and alerts after two intervals in a row
 out of balance (a software DPU's input queue may hold for a moment what the router already sent).
-Not in real time: the pipeline hash (the reconciler puts its own pipeline back when the cookie
-differs) and active probes.
+
+Probes: the verifier's probe agent on each capped pod's first host (a UDP sender in its namespace)
+sends `probe_factor` times the pod's egress cap for `probe_s` at the start of every interval, to the
+router's own address in another pod's subnet (so the pod's DPUs meter it as the pod's egress, and no
+other pod's ingress cap can hide it). The router counts what arrives on a socket of its own (opened
+in its namespace); each datagram carries its send time, so a burst is judged whole at the first tick
+after it, however late that tick runs. Its bytes count against the pod's cap at the pod's DPUs, but
+no host receives them, so the report's receiver-side figures do not include them.
+Not in real time: the pipeline hash. The control plane's reconciler looks at a DPU's pipeline when
+its reads fail, and loads its own again if another one runs (or the state is unreadable): that
+reload is a drift correction, which read-back reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.units import MAX_FRAME_BYTES
 
-from .audit import Auditor
-from .config import Scenario
-from .traffic import Timeline
+from .audit import PROBE_PORT, Auditor, Probe
+from .config import Scenario, probe_allowance_bytes
+from .netns import entered
+from .traffic import UDP_HEADER, UDP_OVERHEAD_BYTES, Timeline
 
 SAMPLE_S = 0.1
+PROBE_PAYLOAD = 1400
+PROBE_LEAD_S = 1.0  # the first probe starts at least this long after the audit: time to start its sender
+# A burst's allowance in real time: the cap's, plus frames that cross an interval's edge or straggle.
+PROBE_SLACK_BYTES = 4 * MAX_FRAME_BYTES
+
+# Starts a process in a namespace and keeps it for the run's cleanup: (name, namespace, module, args).
+Spawn = Callable[[str, str, str, list[str]], subprocess.Popen[bytes]]
 
 
 @dataclass
@@ -80,12 +101,19 @@ class LiveAudit:
     router_ns: str
     ports: dict[str, str]  # pod -> its port on the router
     t_start: float  # the run's time zero (time.time())
+    host_ns: dict[str, str] = field(default_factory=dict)  # host -> its namespace (probe senders)
+    spawn: Spawn | None = None  # how probe senders are started (the runner's, which cleans them up)
+    run_s: float = 0.0  # an upper bound on the run's length: how long probe senders send
     router: dict[tuple[str, str], Timeline] = field(default_factory=dict)
     auditor: Auditor | None = None
     error: str | None = None
     _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # the router's last counts per pod
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _probe_socks: dict[int, socket.socket] = field(default_factory=dict)  # port -> the router's socket
+    _probe_senders: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _probe_pending: list[tuple[float, int, int]] = field(default_factory=list)  # (sent at, port, wire bytes)
+    _probe_counted: dict[int, int] = field(default_factory=dict)  # port -> bytes of bursts judged so far
 
     def start(self) -> None:
         """Begin sampling and checking."""
@@ -100,14 +128,73 @@ class LiveAudit:
             resample=self._resample,
             persist=2,
         )
+        if "probe" in self.scenario.audit.checks:
+            self.auditor.probes = self._start_probes()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="live-audit", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the current step."""
+        """Stop after the current step, and stop the probes."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        for proc in self._probe_senders:
+            if proc.poll() is None:
+                proc.terminate()
+        for sock in self._probe_socks.values():
+            sock.close()
+        self._probe_socks.clear()
+
+    def _start_probes(self) -> list[Probe]:
+        """Open the router's probe sockets and start each capped pod's probe sender (the module's docstring)."""
+        sc, audit = self.scenario, self.scenario.audit
+        assert audit is not None and self.spawn is not None
+        interval = audit.interval_s
+        first = self.t_start + math.ceil(PROBE_LEAD_S / interval) * interval
+        probes = []
+        for i, cap in enumerate(sc.caps):
+            pod, port = sc.topology.pod(cap.pod), PROBE_PORT + i
+            to = next(p for p in sc.topology.pods if p.name != cap.pod).gateway  # the router, outside the pod
+            with entered(self.router_ns):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sock.bind((to, port))
+            sock.setblocking(False)
+            self._probe_socks[port] = sock
+            rate = sc.peak_rates(cap.pod)[0]
+            args = ["udp-send", "--dst", to, "--port", str(port), "--rate-bps", f"{audit.probe_factor * rate:.0f}"]
+            args += ["--size", str(PROBE_PAYLOAD), "--burst-s", str(audit.probe_s), "--period-s", str(interval)]
+            args += ["--duration", f"{self.run_s:.1f}", "--start-at", f"{first:.6f}"]
+            self._probe_senders.append(
+                self.spawn(f"probe-{cap.pod}", self.host_ns[pod.hosts[0]], "dpu_lab.traffic", args)
+            )
+            offered = int(audit.probe_factor * rate * audit.probe_s / 8)
+            allowed = probe_allowance_bytes(cap, rate, audit.probe_s) + PROBE_SLACK_BYTES
+            probes.append(Probe(cap.pod, self._probe_counted, port, offered, allowed))
+        return probes
+
+    def _drain_probes(self) -> None:
+        """Read what reached the router's probe sockets since the last sample."""
+        buf = bytearray(65536)
+        for port, sock in self._probe_socks.items():
+            while True:
+                try:
+                    n = sock.recv_into(buf)
+                except BlockingIOError:
+                    break
+                if n >= UDP_HEADER.size:
+                    self._probe_pending.append((UDP_HEADER.unpack_from(buf)[1], port, n + UDP_OVERHEAD_BYTES))
+
+    def _judge_probes(self, boundary: float) -> None:
+        """Count every probe datagram sent before `boundary` (an interval's end) as judged by the coming tick."""
+        self._drain_probes()
+        keep = []
+        for sent, port, wire in self._probe_pending:
+            if sent < boundary:
+                self._probe_counted[port] = self._probe_counted.get(port, 0) + wire
+            else:
+                keep.append((sent, port, wire))
+        self._probe_pending = keep
 
     def _resample(self) -> None:
         """Add the router's counts since the last sample to its timelines."""
@@ -128,8 +215,10 @@ class LiveAudit:
             while not self._stop.is_set():
                 await asyncio.sleep(SAMPLE_S)
                 self._resample()  # also just before a tick reads the DPUs
+                self._drain_probes()
                 now = time.time()
                 if now >= next_tick:
+                    self._judge_probes(next_tick)
                     await self.auditor.tick(round(now - self.t_start, 3))
                     next_tick += interval
         except Exception as exc:  # reported with the run, not lost in a thread

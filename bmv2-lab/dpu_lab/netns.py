@@ -7,10 +7,18 @@ Layout for a pod P (index i) with a pod-uplink limiter:
 The limiter's two interfaces stay in the root namespace, where its process (embedded target or
 simple_switch_grpc) opens raw sockets on them and serves P4Runtime on loopback. Every name this
 module creates is recorded, and `teardown` removes exactly those, also after errors.
+
+Besides routing IPv4, the network switches frames addressed to a host's MAC (frames.host_mac, which
+every host's eth0 gets), as the virtual-time simulator does: each pod's bridge knows every host's MAC
+(its own hosts on their ports, all others behind its uplink), and the router sends a frame addressed
+to a host of pod P out of P's port unchanged (tc, before its IP stack could drop or rewrite it). So
+evasion frames (evasion.py) that no router would route, VLAN-tagged, IPv6, with a forged source,
+reach their receiver through both pods' limiters exactly as they were sent.
 """
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import logging
 import os
@@ -18,9 +26,12 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .config import Topology
+from .frames import host_mac
 
 LOG = logging.getLogger(__name__)
 
@@ -47,12 +58,54 @@ def in_ns(ns: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess
     return res
 
 
+def batch(ns: str, tool: str, lines: list[str]) -> None:
+    """Run many `tool` (tc, bridge) commands inside `ns` in one process (`tool -batch -`)."""
+    full = ["ip", "netns", "exec", ns, tool, "-batch", "-"]
+    res = subprocess.run(full, input="\n".join(lines) + "\n", capture_output=True, text=True)
+    if res.returncode != 0:
+        raise NetError(f"{' '.join(full)}: {res.stderr.strip()}")
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@contextmanager
+def entered(ns: str) -> Iterator[None]:
+    """Run the body inside namespace `ns`, this thread only (sockets made there stay in `ns`)."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            _setns(target)
+            try:
+                yield
+            finally:
+                _setns(own)
+        finally:
+            os.close(target)
+    finally:
+        os.close(own)
+
+
+def mac_text(mac: bytes) -> str:
+    """A MAC address as ip and bridge write it."""
+    return ":".join(f"{b:02x}" for b in mac)
+
+
 def check_prerequisites() -> None:
     """Root and iproute2 are needed to build namespaces."""
     if os.geteuid() != 0:
         raise NetError("the lab builds network namespaces and needs root (run it as root)")
-    if shutil.which("ip") is None:
-        raise NetError("the lab needs the 'ip' command (Debian package iproute2)")
+    for tool in ("ip", "tc", "bridge"):
+        if shutil.which(tool) is None:
+            raise NetError(f"the lab needs the '{tool}' command (Debian package iproute2)")
 
 
 @dataclass
@@ -78,11 +131,19 @@ class LabNetwork:
     limiters: list[LimiterPorts] = field(default_factory=list)
     router_ns: str = ""
     router_ports: dict[str, str] = field(default_factory=dict)  # pod -> its port's name in the router namespace
+    # Each pod's bridge ports: its hosts' ({host: port}) and its uplink's, for the bridges' static MACs.
+    bridge_ports: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
 
     @property
     def prefix(self) -> str:
         """Prefix of every name this run creates."""
         return f"dl{self.run_id}"
+
+    def mac_of(self, host: str, port: int = 0) -> bytes:
+        """The MAC of a host's eth0 (the simulator's, frames.host_mac); with `port`, a flow's source MAC."""
+        topo = self.topology
+        pod = topo.pod_of_host(host)
+        return host_mac(topo.pods.index(pod), pod.hosts.index(host) + 1, port)
 
     def _netns(self, suffix: str) -> str:
         name = f"{self.prefix}-{suffix}"
@@ -115,6 +176,7 @@ class LabNetwork:
             ip("link", "set", "br0", "up", ns=pod_ns)
             plen = ipaddress.IPv4Network(pod.subnet).prefixlen
             gateway = (router, f"{pod.gateway}/{plen}")
+            on_bridge: dict[str, str] = {}
             for j, host in enumerate(pod.hosts):
                 k = hosts_seen
                 hosts_seen += 1
@@ -125,8 +187,11 @@ class LabNetwork:
                     host_if = self._pair(f"{p}n{k}h", (hns, None), rename="eth0")
                     up_if = self._pair(f"{p}n{k}u", (pod_ns, "br0"))
                     self._limiter(f"dpu-{host}", pod.name, "node", host_if, up_if)
+                    on_bridge[host] = f"{up_if}x"
                 else:
                     self._pair(f"{p}h{k}", (pod_ns, "br0"), root_end_to=(hns, "eth0"))
+                    on_bridge[host] = f"{p}h{k}x"
+                ip("link", "set", "eth0", "address", mac_text(self.mac_of(host)), ns=hns)
                 ip("addr", "add", f"{pod.host_address(j)}/{plen}", "dev", "eth0", ns=hns)
                 ip("link", "set", "eth0", "up", ns=hns)
                 ip("route", "add", "default", "via", pod.gateway, ns=hns)
@@ -135,13 +200,36 @@ class LabNetwork:
                 # pod bridge -- router: no limiter on the uplink, the nodes' DPUs do the limiting
                 self._pair(f"{p}p{i}r", (router, None), root_end_to=(pod_ns, "br0"), address=gateway)
                 self.router_ports[pod.name] = f"{p}p{i}rx"  # _pair's name for the peer end
+                self.bridge_ports[pod_ns] = (on_bridge, f"{p}p{i}r")
             else:
                 host_if = self._pair(f"{p}p{i}h", (pod_ns, "br0"))
                 up_if = self._pair(f"{p}p{i}u", (router, None), address=gateway)
                 self.router_ports[pod.name] = f"{up_if}x"
                 self._limiter(f"dpu-{pod.name}", pod.name, "pod-uplink", host_if, up_if)
+                self.bridge_ports[pod_ns] = (on_bridge, f"{host_if}x")
         for k, link in enumerate(self.topology.scaleup_links):
             self._scaleup(k, link.a, link.b)
+        self._switch_by_mac()
+
+    def _switch_by_mac(self) -> None:
+        """Static MACs in every pod's bridge, and the router's switching of frames addressed to hosts."""
+        macs = {
+            h: mac_text(host_mac(i, j + 1)) for i, pod in enumerate(self.topology.pods) for j, h in enumerate(pod.hosts)
+        }
+        for pod_ns, (on_bridge, uplink) in self.bridge_ports.items():
+            # Static entries: a frame for a host no one has heard from yet is not flooded to every port.
+            batch(
+                pod_ns, "bridge", [f"fdb add {m} dev {on_bridge.get(h, uplink)} master static" for h, m in macs.items()]
+            )
+        # One shared filter block on every pod port: a frame whose destination MAC is 02:PP:... (a host of
+        # pod PP) leaves by PP's port as it came; any other frame (IPv4 to the router's MAC, ARP) is routed.
+        lines = [f"qdisc add dev {port} ingress_block 1 clsact" for port in self.router_ports.values()]
+        for i, pod in enumerate(self.topology.pods):
+            lines.append(
+                f"filter add block 1 protocol all prio 1 u32 match u16 0x02{i:02x} 0xffff at -14 "
+                f"action mirred egress redirect dev {self.router_ports[pod.name]}"
+            )
+        batch(self.router_ns, "tc", lines)
 
     def _scaleup(self, k: int, a: str, b: str) -> None:
         """An NVSwitch-style path: a veth `nvsK` straight between two hosts, with /32 routes over it."""

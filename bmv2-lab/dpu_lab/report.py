@@ -84,6 +84,7 @@ class Flow:
     offered_bps: float
     delivered_bps: float
     loss_ratio: float
+    shape: str = ""  # an evasion flow's encapsulation and forged source (frames.shape), "" for plain traffic
 
     def __post_init__(self) -> None:
         _check_choice("protocol", self.protocol, get_args(Protocol))
@@ -282,8 +283,8 @@ def summary_markdown(report: Report) -> str:
         "|---|---|---|---|---:|---:|---:|",
     ]
     lines += [
-        f"| {f.name} | {f.protocol} | {f.src_pod} | {f.dst_pod} | {_mbit(f.offered_bps)} "
-        f"| {_mbit(f.delivered_bps)} | {f.loss_ratio * 100:.2f} |"
+        f"| {f.name} | {f.protocol}{f' ({f.shape})' if f.shape else ''} | {f.src_pod} | {f.dst_pod} "
+        f"| {_mbit(f.offered_bps)} | {_mbit(f.delivered_bps)} | {f.loss_ratio * 100:.2f} |"
         for f in report.flows
     ]
     if report.dpu_counters:

@@ -29,8 +29,9 @@ from .capture import load_capture
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
+from .frames import largest_payload, shape
 from .live_audit import LiveAudit
-from .netns import LabNetwork, check_prerequisites
+from .netns import LabNetwork, check_prerequisites, mac_text
 from .report import Flow, Phase, Report, write_report
 from .targets import BUFFER_BYTES, TargetKind, TargetProcess, bmv2_has_thrift, bmv2_path, free_port, start_target
 
@@ -75,9 +76,7 @@ class LabRun:
         virtual_only = [
             what
             for what, used in (
-                ("the audit's probes", sc.audit is not None and "probe" in sc.audit.checks),
                 ("workloads", any(ph.workloads for ph in sc.phases)),
-                ("evasion flows", any(f.encap != "none" or f.spoof_src for ph in sc.phases for f in ph.flows)),
                 ("parallel uplinks", any(p.uplinks > 1 for p in sc.topology.pods)),
                 ("more than one router", len(sc.topology.routers) > 1),
                 ("router placement", sc.topology.pods[0].placement == "router"),
@@ -86,6 +85,7 @@ class LabRun:
         ]
         if virtual_only:
             raise ConfigError(f"{', '.join(virtual_only)}: modelled in virtual time only for now; use --time virtual")
+        check_frame_sizes(sc)
         check_prerequisites()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
@@ -121,7 +121,16 @@ class LabRun:
         t_start = self.t_start = time.time()
         if sc.audit is not None:
             assert self.net is not None
-            self.live = LiveAudit(sc, self.api, self.net.router_ns, self.net.router_ports, t_start)
+            self.live = LiveAudit(
+                sc,
+                self.api,
+                self.net.router_ns,
+                self.net.router_ports,
+                t_start,
+                self.net.host_ns,
+                lambda name, ns, module, args: self._spawn(name, ns, module, args).popen,
+                self._longest_s(),
+            )
             self.live.start()
         phases: list[Phase] = []
         flow_results: list[Flow] = []
@@ -210,11 +219,15 @@ class LabRun:
         self.procs.append(p)
         return p
 
+    def _longest_s(self) -> float:
+        """How long what runs beside the phases (captures, probes) lasts at most; the run stops it (SIGTERM)
+        once the last phase is over, so the bound is generous."""
+        return 2 * sum(ph.duration_s + START_DELAY_S + 30 for ph in self.scenario.phases)
+
     def _start_captures(self) -> list[tuple[str, _Proc]]:
         """A capture on every interface of every host (eth0, and scale-up links): all a host receives."""
         assert self.net is not None
-        # Generous upper bound: the run stops them with SIGTERM once the last phase is over.
-        total = 2 * sum(ph.duration_s + START_DELAY_S + 30 for ph in self.scenario.phases)
+        total = self._longest_s()
         topo = self.scenario.topology
         out = []
         for host, ns in self.net.host_ns.items():
@@ -247,18 +260,17 @@ class LabRun:
         for f in flows:
             src_ns, dst_ns = self.net.host_ns[f.src], self.net.host_ns[f.dst]
             common = ["--port", str(port), "--duration", f"{duration}", "--start-at", f"{start_at:.6f}"]
+            if f.encap != "none" or f.spoof_src:
+                module, recv_args, send_args = "dpu_lab.evasion", ["recv"], self._evasion_args(f, port)
+            else:
+                module, recv_args = self._traffic_module, [f"{f.protocol}-recv"]
+                send_args = [f"{f.protocol}-send", "--dst", topo.address_of(f.dst)]
+                if f.protocol == "udp":
+                    send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
             receivers.append(
-                self._spawn(
-                    f"{f.name}-recv",
-                    dst_ns,
-                    self._traffic_module,
-                    [f"{f.protocol}-recv", *common, "--linger", str(LINGER_S)],
-                )
+                self._spawn(f"{f.name}-recv", dst_ns, module, [*recv_args, *common, "--linger", str(LINGER_S)])
             )
-            send_args = [f"{f.protocol}-send", "--dst", topo.address_of(f.dst), *common]
-            if f.protocol == "udp":
-                send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
-            senders.append(self._spawn(f"{f.name}-send", src_ns, self._traffic_module, send_args))
+            senders.append(self._spawn(f"{f.name}-send", src_ns, module, [*send_args, *common]))
             port += 1
         self._progress(name, start_at, duration, events)
         for p in senders + receivers:
@@ -267,6 +279,15 @@ class LabRun:
         for f, s, r in zip(flows, senders, receivers, strict=True):
             results.append(self._flow_result(f, s, r, duration))
         return start_at, results, port
+
+    def _evasion_args(self, f, port: int) -> list[str]:  # type: ignore[no-untyped-def]
+        """The raw-frame sender's arguments for an evasion flow (evasion.py)."""
+        assert self.net is not None
+        topo = self.scenario.topology
+        args = ["send", "--encap", f.encap, "--src", topo.address_of(f.src), "--dst", topo.address_of(f.dst)]
+        args += ["--src-mac", mac_text(self.net.mac_of(f.src, port)), "--dst-mac", mac_text(self.net.mac_of(f.dst))]
+        args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
+        return args + (["--spoof-src", f.spoof_src] if f.spoof_src else [])
 
     def _progress(self, name: str, start_at: float, duration: float, events: list[EventSpec]) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -345,6 +366,7 @@ class LabRun:
             offered_bps=offered,
             delivered_bps=delivered,
             loss_ratio=max(0.0, loss),
+            shape=shape(f.encap, f.spoof_src),
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -393,6 +415,17 @@ def refuse_what_bmv2_cannot(sc: Scenario) -> None:
                 raise ConfigError(
                     f"{where}: compromised firmware on bmv2 writes through its Thrift runtime API, and the "
                     f"{bmv2_path()} here was built without it (no --thrift-port); use --target embedded"
+                )
+
+
+def check_frame_sizes(sc: Scenario) -> None:
+    """Refuse an evasion flow whose frames would not fit the veths' 1500-byte MTU."""
+    for pi, ph in enumerate(sc.phases):
+        for fi, f in enumerate(ph.flows):
+            if f.size > (most := largest_payload(f.encap)):
+                raise ConfigError(
+                    f"phases[{pi}].flows[{fi}].size: {f.size} bytes shaped as {f.encap} make frames longer than a "
+                    f"1500-byte MTU carries in real time; at most {most}"
                 )
 
 

@@ -28,7 +28,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,9 @@ TCP_CONNECT_RETRY_S = 5.0
 _MAX_TRACKED_SEQ = 1 << 28
 # Receive sockets wake up this often to check their deadline.
 _POLL_S = 0.1
-# Errors a paced UDP sender expects and counts instead of failing on: a full qdisc, or an
-# ICMP port-unreachable reported on a connected socket before the receiver is up.
-_COUNTED_SEND_ERRORS = {errno.ENOBUFS, errno.ECONNREFUSED}
+# Errors a paced sender expects and counts instead of failing on: a full qdisc (a raw socket's may say
+# EAGAIN), or an ICMP port-unreachable reported on a connected socket before the receiver is up.
+_COUNTED_SEND_ERRORS = {errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED}
 
 
 def wire_bytes_udp(payload: int) -> int:
@@ -187,34 +187,37 @@ def receive_deadline(start_at: float | None, duration: float, linger: float) -> 
     return time.monotonic() + wait + duration + linger
 
 
-def udp_send(dst: str, port: int, rate_bps: float, size: int, duration: float) -> UdpSendResult:
-    """Send paced UDP datagrams at ``rate_bps`` (counted in wire bytes) for ``duration`` s."""
-    wire = wire_bytes_udp(size)
-    interval = wire * 8 / rate_bps
-    padding = bytes(size - UDP_HEADER.size)
-    sent = errors = 0
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((dst, port))
-        start, mono0 = time.time(), time.monotonic()
-        seq = 0
-        # Packet n is due at mono0 + n * interval: an absolute schedule never drifts, and a
-        # sender that fell behind catches up by sending back-to-back.
-        while (due := mono0 + seq * interval) < mono0 + duration:
-            ahead = due - time.monotonic()
-            if ahead > 0:
-                time.sleep(ahead)
-            try:
-                sock.send(UDP_HEADER.pack(seq, time.time()) + padding)
-                sent += 1
-            except OSError as exc:
-                if exc.errno not in _COUNTED_SEND_ERRORS:
-                    raise
-                errors += 1
-            seq += 1
-        end = time.time()
+def paced(
+    send: Callable[[int], object], interval: float, duration: float, bursts: tuple[float, float] | None = None
+) -> tuple[int, int, float, float]:
+    """Call ``send(seq)`` every ``interval`` s for ``duration`` s (with ``bursts`` = (on, period) s, only
+    during the first ``on`` s of every ``period``); returns (sent, send errors counted, start, end)."""
+    # Sends per burst, and the period between bursts' starts; without bursts, one endless burst.
+    per_burst, period = (max(1, round(bursts[0] / interval)), bursts[1]) if bursts else (1, interval)
+    sent = errors = seq = 0
+    start, mono0 = time.time(), time.monotonic()
+    # Send n is due at a fixed time after mono0: an absolute schedule never drifts, and a
+    # sender that fell behind catches up by sending back-to-back.
+    while (due := mono0 + (seq // per_burst) * period + (seq % per_burst) * interval) < mono0 + duration:
+        ahead = due - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+        try:
+            send(seq)
+            sent += 1
+        except OSError as exc:
+            if exc.errno not in _COUNTED_SEND_ERRORS:
+                raise
+            errors += 1
+        seq += 1
+    return sent, errors, start, time.time()
+
+
+def send_result(sent: int, errors: int, start: float, end: float, payload: int, wire: int) -> UdpSendResult:
+    """What a paced sender of ``payload``-byte datagrams in ``wire``-byte frames reports."""
     return UdpSendResult(
         sent_packets=sent,
-        sent_payload_bytes=sent * size,
+        sent_payload_bytes=sent * payload,
         sent_wire_bytes=sent * wire,
         send_errors=errors,
         start=start,
@@ -223,14 +226,48 @@ def udp_send(dst: str, port: int, rate_bps: float, size: int, duration: float) -
     )
 
 
-def udp_recv(port: int, deadline: float) -> UdpRecvResult:
-    """Receive UDP datagrams on ``port`` until monotonic ``deadline``."""
-    timeline = Timeline(TIMELINE_BIN_S)
-    seqs = _SeqTracker()
-    packets = payload_bytes = 0
+def udp_send(
+    dst: str, port: int, rate_bps: float, size: int, duration: float, bursts: tuple[float, float] | None = None
+) -> UdpSendResult:
+    """Send paced UDP datagrams at ``rate_bps`` (counted in wire bytes) for ``duration`` s; with
+    ``bursts`` = (on, period) s, only during the first ``on`` s of every ``period``."""
+    wire = wire_bytes_udp(size)
+    padding = bytes(size - UDP_HEADER.size)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((dst, port))
+        sent, errors, start, end = paced(
+            lambda seq: sock.send(UDP_HEADER.pack(seq, time.time()) + padding), wire * 8 / rate_bps, duration, bursts
+        )
+    return send_result(sent, errors, start, end, size, wire)
+
+
+@dataclass
+class Arrivals:
+    """What a receiver counts: packets, wire bytes in time bins, the first and last arrival."""
+
+    started: float = field(default_factory=time.time)
+    timeline: Timeline = field(default_factory=lambda: Timeline(TIMELINE_BIN_S))
+    packets: int = 0
     first: float | None = None
     last: float | None = None
-    started = time.time()
+
+    def add(self, t: float, wire: int) -> None:
+        """Count one packet of ``wire`` bytes that arrived at wall-clock time ``t``."""
+        self.first = t if self.first is None else self.first
+        self.last = t
+        self.packets += 1
+        self.timeline.add(t, wire)
+
+    def timeline_json(self) -> TimelineJson:
+        """The timeline as results store it."""
+        return TimelineJson(TIMELINE_BIN_S, self.timeline.t0(self.started), self.timeline.bins)
+
+
+def udp_recv(port: int, deadline: float) -> UdpRecvResult:
+    """Receive UDP datagrams on ``port`` until monotonic ``deadline``."""
+    arrivals = Arrivals()
+    seqs = _SeqTracker()
+    payload_bytes = 0
     buf = bytearray(65536)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -241,23 +278,19 @@ def udp_recv(port: int, deadline: float) -> UdpRecvResult:
                 n = sock.recv_into(buf)
             except TimeoutError:
                 continue
-            now = time.time()
-            first = now if first is None else first
-            last = now
-            packets += 1
+            arrivals.add(time.time(), wire_bytes_udp(n))
             payload_bytes += n
-            timeline.add(now, wire_bytes_udp(n))
             if n >= UDP_HEADER.size:
                 seqs.add(UDP_HEADER.unpack_from(buf)[0])
     return UdpRecvResult(
-        received_packets=packets,
+        received_packets=arrivals.packets,
         received_payload_bytes=payload_bytes,
-        received_wire_bytes=payload_bytes + packets * UDP_OVERHEAD_BYTES,
-        first_arrival=first,
-        last_arrival=last,
+        received_wire_bytes=payload_bytes + arrivals.packets * UDP_OVERHEAD_BYTES,
+        first_arrival=arrivals.first,
+        last_arrival=arrivals.last,
         max_seq=seqs.max_seq,
         distinct_seqs=seqs.distinct,
-        timeline=TimelineJson(TIMELINE_BIN_S, timeline.t0(started), timeline.bins),
+        timeline=arrivals.timeline_json(),
     )
 
 
@@ -405,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     udp = add("udp-send", "paced UDP sender (rate counted in on-wire bytes)", sender=True)
     udp.add_argument("--rate-bps", type=_positive, required=True, help="offered rate, bit/s on the wire")
     udp.add_argument("--size", type=_payload_size, default=1400, help="UDP payload bytes (default 1400)")
+    udp.add_argument("--burst-s", type=_positive, help="send only this long at the start of every --period-s")
+    udp.add_argument("--period-s", type=_positive, help="seconds between the starts of bursts (with --burst-s)")
     add("udp-recv", "UDP receiver counting packets, bytes and loss", sender=False)
     add("tcp-send", "bulk TCP sender", sender=True)
     add("tcp-recv", "TCP receiver for one connection", sender=False)
@@ -415,8 +450,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the subcommand described by parsed ``args`` and return its JSON result."""
     result: UdpSendResult | UdpRecvResult | TcpSendResult | TcpRecvResult
     if args.command == "udp-send":
+        bursts = None
+        if args.burst_s is not None or args.period_s is not None:
+            if args.burst_s is None or args.period_s is None or args.burst_s >= args.period_s:
+                raise SystemExit(f"--burst-s {args.burst_s}, --period-s {args.period_s}: give both, burst shorter")
+            bursts = (args.burst_s, args.period_s)
         _wait_until(args.start_at)
-        result = udp_send(args.dst, args.port, args.rate_bps, args.size, args.duration)
+        result = udp_send(args.dst, args.port, args.rate_bps, args.size, args.duration, bursts)
     elif args.command == "udp-recv":
         result = udp_recv(args.port, receive_deadline(args.start_at, args.duration, args.linger))
     elif args.command == "tcp-send":

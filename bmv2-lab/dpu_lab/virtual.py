@@ -19,18 +19,17 @@ from p4sim.clock import VirtualClock
 from p4sim.firmware import LocalFirmware
 from p4sim.server import Device, add_to_server
 
-from .audit import AgentView, Auditor, Probe
+from .audit import PROBE_PORT, AgentView, Auditor, Probe
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
-from .frames import Encap
+from .frames import Encap, shape
 from .report import Flow, Phase, Report, write_report
 from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
 BASE_PORT = 5201
-PROBE_PORT = 60000  # the verifier's probes (one port per capped pod)
 START_S = 0.1  # traffic starts a little after time zero, like the real lab's start delay
 LINGER_S = 0.05
 REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
@@ -327,6 +326,7 @@ class VirtualLabRun:
                     offered_bps=s.source.sent_wire_bytes * 8 / dur,
                     delivered_bps=s.delivered_bytes * 8 / dur,
                     loss_ratio=max(0.0, 1 - received / sent) if sent else 0.0,
+                    shape=shape(s.encap, s.spoof_src),
                 )
             )
         duration = sum(ph.duration_s for ph in sc.phases)

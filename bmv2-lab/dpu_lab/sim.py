@@ -119,6 +119,8 @@ class Receiver:
     bins: dict[str, Timeline] = field(default_factory=dict)
     packets_by_port: dict[int, int] = field(default_factory=dict)
     bytes_by_port: dict[int, int] = field(default_factory=dict)
+    # TCP endpoints on this host by flow port (tcp_model.py): they see the frames after counting.
+    endpoints: dict[int, Callable[[bytes], None]] = field(default_factory=dict)
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
@@ -131,6 +133,10 @@ class Receiver:
         port = (frame[10] << 8) | frame[11]
         self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
         self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
+        if self.endpoints:
+            endpoint = self.endpoints.get(port)
+            if endpoint is not None:
+                endpoint(frame)
 
 
 @dataclass

@@ -9,14 +9,15 @@ time, so the targets' meters and timestamps see simulated microseconds.
 Frames are switched and routed by Ethernet address (frames.py), so a flow may carry its datagrams in
 any shape an evader would try (VLAN, IPv6, GRE, VXLAN, fragments, forged sources) and still be
 delivered and counted for its true sender. Traffic sources are paced UDP senders (the scenario's
-`udp` flows). A source may send large
+`udp` flows) and bulk TCP flows (tcp_model.py, whose endpoints hang on the hosts' Receivers).
+A source may send large
 segments (`segment_bytes`) instead of MTU-sized frames, as TSO does: limiter.p4 meters bytes, so a
 segment of N bytes draws the same tokens as its frames would; what changes is granularity: a
 segment passes or fails as a whole, so near the end of the bucket up to one segment (not one
 frame) can differ. Receivers record wire bytes in 1 ms bins per source, like the real captures.
 
-Not modelled yet: TCP (scenarios with TCP flows need real time), ARP (hosts know the next hop),
-and link loss.
+Not modelled yet: ARP (hosts know the next hop), link loss, and queue limits: links are unbounded
+FIFOs, so the limiters' meters are the only place frames are dropped.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def _pair(drop: Callable[[Engine, Link], bool], dur_s: float) -> tuple[Engine, T
     ack = tcp_frame("10.0.0.2", "10.0.0.1", 5201, SPORT, 1 << 22, 0, mac, mac)
     senders: list[TcpSender] = []
     back = Link(engine, RATE, lambda f: senders[0].on_ack(f), delay_ns=DELAY_NS)
-    rx = TcpReceiver(back.send, ack, MSS)
+    rx = TcpReceiver(engine, back.send, ack, MSS)
     fwd = Link(engine, RATE, rx.on_data, delay_ns=DELAY_NS)
 
     def send(frame: bytes) -> None:
@@ -93,7 +93,7 @@ phases:
     flows:
       - {{name: one, protocol: tcp, src: a1, dst: b1{extra}}}
   - name: two
-    duration_s: 3
+    duration_s: 4
     flows:
       - {{name: two-a, protocol: tcp, src: a1, dst: b1}}
       - {{name: two-b, protocol: tcp, src: a1, dst: b1}}
@@ -121,7 +121,9 @@ def test_tcp_under_a_cap_is_compliant_fair_and_deterministic(tmp_path: Path) -> 
     assert one.retransmissions > 0  # the policer drops: TCP backs off and resends
     a, b = flows["two-a"].goodput_bps, flows["two-b"].goodput_bps
     assert a is not None and b is not None
-    assert a + b >= 0.6 * 8e6 and min(a, b) >= 0.2 * (a + b)
+    # Shared, if not evenly within seconds: the policer drops the tail of each window burst, so each
+    # flow recovers by timeouts (no SACK or tail-loss probes), whose phases decide the shares.
+    assert a + b >= 0.6 * 8e6 and min(a, b) >= 0.3 * (a + b)
     assert [f.__dict__ for f in runs[1].flows] == [f.__dict__ for f in r.flows]
     assert [x.max_window_bytes for x in runs[1].results] == [x.max_window_bytes for x in r.results]
     summary = (tmp_path / "out0" / "summary.md").read_text()

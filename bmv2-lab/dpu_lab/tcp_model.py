@@ -4,10 +4,12 @@ The sender counts its window in segments, as Linux does: slow start, congestion 
 segment per window of ACKs), fast retransmit on the third duplicate ACK and NewReno fast recovery
 (RFC 6582: partial ACKs retransmit the next hole and stay in recovery), and a retransmission
 timeout after RFC 6298 with Linux's 200 ms floor (initial RTO 1 s, doubled on each expiry; after
-a timeout the sender goes back to the first unacknowledged segment). The receiver acknowledges
-every segment at once (no delayed ACKs), keeps out-of-order segments and advertises a fixed window
-(its application reads at once). Not modelled: the handshake and FIN, SACK, timestamps, pacing,
-delayed ACKs, ECN, CUBIC. All segments of a flow carry the same payload (MSS, or a large segment as
+a timeout the sender goes back to the first unacknowledged segment; the backoff ends at the next
+ACK of new data, as with TCP timestamps, Linux's default, which time resent segments too). The receiver acknowledges
+every second segment (or 40 ms after a lone one, as Linux delays ACKs), at once when a segment is
+out of order or fills a hole; it keeps out-of-order segments and advertises a fixed window (its
+application reads at once). Not modelled: the handshake and FIN, SACK, RACK and tail-loss probes, pacing, quick-ACK
+mode, ECN, CUBIC. All segments of a flow carry the same payload (MSS, or a large segment as
 TSO/GRO would make); sequence numbers on the wire are real byte offsets, modulo 2**32.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from .frames import SEQ_OFFSET, SPORT, tcp_frame
 from .sim import Engine, SimNetwork
@@ -25,6 +28,7 @@ MIN_RTO_NS = 200_000_000  # Linux's floor (RFC 6298 says 1 s)
 INITIAL_RTO_NS = 1_000_000_000
 MAX_RTO_NS = 60_000_000_000
 INITIAL_CWND = 10  # segments (RFC 6928, Linux's default)
+DELAYED_ACK_NS = 40_000_000  # Linux's minimum delayed-ACK timeout
 WRAP = 1 << 32
 HALF = 1 << 31
 ACK_AT = SEQ_OFFSET + 4
@@ -82,7 +86,7 @@ class TcpSender:
             self.retransmissions += 1
         else:
             self.high = idx + 1
-        frame = self._head + ((idx * self._seg) % WRAP).to_bytes(4, "big") + self._tail
+        frame = b"".join((self._head, ((idx * self._seg) % WRAP).to_bytes(4, "big"), self._tail))
         self.sent_segments += 1
         self.sent_wire_bytes += len(frame)
         self.send(frame)
@@ -140,6 +144,8 @@ class TcpSender:
         if ack > una:
             if self.timed >= 0 and ack > self.timed:
                 self._sample(self.engine.now_ns - self.timed_at)
+            elif self.srtt_ns:  # timestamps (Linux's default) time even a resent segment: the backoff ends
+                self.rto_ns = max(MIN_RTO_NS, int(self.srtt_ns + 4 * self.rttvar_ns))
             newly = ack - una
             self.una = ack
             if self.nxt < ack:
@@ -152,7 +158,12 @@ class TcpSender:
                     self.cwnd = max(self.cwnd - newly + 1, 1)
                     self._retransmit(ack)
             else:
-                self.cwnd += newly if self.cwnd < self.ssthresh else newly / self.cwnd
+                if self.cwnd < self.ssthresh:  # slow start up to ssthresh, as Linux: a jump after a go-back
+                    grow = min(newly, self.ssthresh - self.cwnd)  # must not become one huge burst
+                    self.cwnd += grow
+                    newly -= grow
+                if newly > 0:
+                    self.cwnd += newly / self.cwnd
             self.dupacks = 0
             if ack < self.nxt:
                 self._arm()
@@ -186,13 +197,18 @@ class TcpSender:
 
 @dataclass(slots=True)
 class TcpReceiver:
-    """Acknowledges every segment cumulatively; holds out-of-order ones; counts what it delivers in order."""
+    """Acknowledges cumulatively, every second in-order segment (or after DELAYED_ACK_NS), and at once
+    when a segment is out of order or fills a hole; holds out-of-order segments; counts what it
+    delivers in order."""
 
+    engine: Engine
     send: Callable[[bytes], None]
     template: bytes  # an ACK frame (tcp_frame without payload) whose ack number it patches in
     segment_bytes: int
     rcv_nxt: int = 0  # next segment expected in order
     held: set[int] = field(default_factory=set)
+    unacked: int = 0  # in-order segments received since the last ACK
+    timer_pending: bool = False
     _head: bytes = b""
     _tail: bytes = b""
 
@@ -205,19 +221,37 @@ class TcpReceiver:
         return self.rcv_nxt * self.segment_bytes
 
     def on_data(self, frame: bytes) -> None:
-        """A data segment arrives: deliver what is now in order, and acknowledge."""
+        """A data segment arrives: deliver what is now in order, and acknowledge (now or soon)."""
         nxt = self.rcv_nxt
         idx = unwrap(int.from_bytes(frame[SEQ_OFFSET : SEQ_OFFSET + 4], "big"), nxt, self.segment_bytes)
-        if idx == nxt:
+        held = self.held
+        if idx == nxt and not held:
+            self.rcv_nxt = nxt + 1
+            self.unacked += 1
+            if self.unacked >= 2:
+                self._ack()
+            elif not self.timer_pending:
+                self.timer_pending = True
+                self.engine.at(self.engine.now_ns + DELAYED_ACK_NS, self._on_timer)
+            return
+        if idx == nxt:  # fills a hole: deliver what it joins up
             nxt += 1
-            held = self.held
-            while held and nxt in held:
+            while nxt in held:
                 held.remove(nxt)
                 nxt += 1
             self.rcv_nxt = nxt
         elif idx > nxt:
-            self.held.add(idx)
-        self.send(self._head + ((nxt * self.segment_bytes) % WRAP).to_bytes(4, "big") + self._tail)
+            held.add(idx)
+        self._ack()  # out of order, a duplicate or a repair: the sender needs to know now
+
+    def _on_timer(self, _: object = None) -> None:
+        self.timer_pending = False
+        if self.unacked:
+            self._ack()
+
+    def _ack(self) -> None:
+        self.unacked = 0
+        self.send(b"".join((self._head, ((self.rcv_nxt * self.segment_bytes) % WRAP).to_bytes(4, "big"), self._tail)))
 
 
 def tcp_flow(
@@ -234,16 +268,9 @@ def tcp_flow(
     data = tcp_frame(a, b, SPORT, port, WINDOW_BYTES, mss, src_mac, net.mac_of[dst])
     ack = tcp_frame(b, a, port, SPORT, WINDOW_BYTES, 0, dst_mac, net.mac_of[src])
     window = max(WINDOW_BYTES // mss, 2)
-    sender = TcpSender(net.engine, _sender_of(net, src), data, start_ns, end_ns, window)
-    receiver = TcpReceiver(_sender_of(net, dst), ack, mss)
+    sender = TcpSender(net.engine, partial(net.send_from, src), data, start_ns, end_ns, window)
+    receiver = TcpReceiver(net.engine, partial(net.send_from, dst), ack, mss)
     net.receivers[dst].endpoints[port] = receiver.on_data
     net.receivers[src].endpoints[port] = sender.on_ack
     sender.start()
     return sender, receiver
-
-
-def _sender_of(net: SimNetwork, host: str) -> Callable[[bytes], None]:
-    def send(frame: bytes) -> None:
-        net.send_from(host, frame)
-
-    return send

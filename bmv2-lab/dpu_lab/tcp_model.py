@@ -158,12 +158,13 @@ class TcpSender:
                     self.cwnd = max(self.cwnd - newly + 1, 1)
                     self._retransmit(ack)
             else:
+                acked: float = newly
                 if self.cwnd < self.ssthresh:  # slow start up to ssthresh, as Linux: a jump after a go-back
-                    grow = min(newly, self.ssthresh - self.cwnd)  # must not become one huge burst
+                    grow = min(acked, self.ssthresh - self.cwnd)  # must not become one huge burst
                     self.cwnd += grow
-                    newly -= grow
-                if newly > 0:
-                    self.cwnd += newly / self.cwnd
+                    acked -= grow
+                if acked > 0:
+                    self.cwnd += acked / self.cwnd
             self.dupacks = 0
             if ack < self.nxt:
                 self._arm()

@@ -5,8 +5,8 @@
 Two pods capped at 1 Gbit/s per direction (60 s window), each offered 2 Gbit/s of UDP toward the
 other, so each pod sends at its cap: S simulated seconds are 2 x S pod-seconds of 1 Gbit/s. The
 same run with MTU-sized frames (for a shorter simulated time) shows what the TSO-like segments buy.
-With `--protocol tcp` each direction is one bulk TCP flow instead (tcp_model.py: it runs at about
-the cap, and its ACKs travel the other way). The last line is
+With `--protocol tcp` each direction is one bulk TCP flow instead (tcp_model.py), under a
+one-second bucket so that it runs at about the cap; its ACKs travel the other way. The last line is
 `pod_seconds_per_cpu_second=... (segments of N bytes) mtu_frames=...`.
 """
 
@@ -32,11 +32,12 @@ TOPOLOGY = {
 def scenario(seconds: float, protocol: str = "udp") -> Scenario:
     """Two pods at their 1 Gbit/s caps in both directions for `seconds`."""
     rate = {"rate": "2G"} if protocol == "udp" else {}
+    burst = {} if protocol == "udp" else {"burst_bytes": 125_000_000}  # one second: TCP needs it to reach the cap
     return Scenario.model_validate(
         {
             "name": "bench-virtual",
             "topology": TOPOLOGY,
-            "caps": [{"pod": p, "egress": "1G", "ingress": "1G", "window_s": 60} for p in ("a", "b")],
+            "caps": [{"pod": p, "egress": "1G", "ingress": "1G", "window_s": 60, **burst} for p in ("a", "b")],
             "phases": [
                 {
                     "name": "at-cap",

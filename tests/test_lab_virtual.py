@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli
-from dpu_lab.config import ConfigError, load_scenario
+from dpu_lab.config import load_scenario
 from dpu_lab.virtual import VirtualLabRun
 from dpu_limiter.units import MAX_FRAME_BYTES
 
@@ -61,11 +61,6 @@ def test_large_segments_keep_the_cap(scenario: Path, tmp_path: Path) -> None:
     # A segment passes or fails whole: the allowance is still met, within one segment of the cap.
     for res in r.results:
         assert res.max_window_bytes > res.allowed_window_bytes - 2 * 16_042
-
-
-def test_tcp_is_refused_in_virtual_time(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="tcp-b-to-a"):
-        VirtualLabRun(load_scenario(ROOT / "bmv2-lab/scenarios/smoke.yaml"), tmp_path).run()
 
 
 def test_cli_virtual_time(scenario: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Frames the simulated hosts send: plain UDP over IPv4, and the shapes evasion traffic takes.
+"""Frames the simulated hosts send: plain UDP or TCP over IPv4, and the shapes evasion traffic takes.
 
 An evading sender wraps the same datagram so that a classifier might not see it as inter-pod IPv4:
 in a VLAN tag, in IPv6, in a GRE or VXLAN tunnel, as an IPv4 fragment, or with a spoofed IPv4
@@ -100,6 +100,20 @@ def _ipv4(src: str, dst: str, proto: int, body: bytes, flags_frag: int = 0) -> b
 
 def _udp(dport: int, payload: bytes) -> bytes:
     return struct.pack("!HHHH", SPORT, dport, (8 + len(payload)) & 0xFFFF, 0) + payload
+
+
+TCP_ACK = 0x10
+TCP_HEADER_BYTES = 20
+SEQ_OFFSET = 14 + 20 + 4  # where a plain TCP/IPv4 frame's sequence number starts (the ack follows)
+
+
+def tcp_frame(
+    src: str, dst: str, sport: int, dport: int, window: int, payload: int, src_mac: bytes, dst_mac: bytes
+) -> bytes:
+    """A TCP/IPv4 frame (ACK flag, sequence and ack numbers zero: senders patch them in place)."""
+    # The window field is scaled by 2**14 (a window-scale option at the handshake, not modelled).
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 0, 0, 5 << 4, TCP_ACK, min(window >> 14, 0xFFFF), 0, 0)
+    return dst_mac + src_mac + struct.pack("!H", ETH_IPV4) + _ipv4(src, dst, 6, tcp + bytes(payload))
 
 
 def _ipv6(src: str, dst: str, body: bytes) -> bytes:

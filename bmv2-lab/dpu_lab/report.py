@@ -85,6 +85,10 @@ class Flow:
     delivered_bps: float
     loss_ratio: float
     shape: str = ""  # an evasion flow's encapsulation and forged source (frames.shape), "" for plain traffic
+    # TCP in virtual time: payload bytes delivered in order (delivered_bps counts wire bytes, and so
+    # retransmissions), and the segments sent again.
+    goodput_bps: float | None = None
+    retransmissions: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("protocol", self.protocol, get_args(Protocol))
@@ -279,12 +283,15 @@ def summary_markdown(report: Report) -> str:
         "",
         "## Flows",
         "",
-        "| flow | protocol | from | to | offered (Mbit/s) | delivered (Mbit/s) | loss (%) |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| flow | protocol | from | to | offered (Mbit/s) | delivered (Mbit/s) | loss (%) "
+        "| goodput (Mbit/s) | retransmitted |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {f.name} | {f.protocol}{f' ({f.shape})' if f.shape else ''} | {f.src_pod} | {f.dst_pod} "
-        f"| {_mbit(f.offered_bps)} | {_mbit(f.delivered_bps)} | {f.loss_ratio * 100:.2f} |"
+        f"| {_mbit(f.offered_bps)} | {_mbit(f.delivered_bps)} | {f.loss_ratio * 100:.2f} "
+        f"| {'' if f.goodput_bps is None else _mbit(f.goodput_bps)} "
+        f"| {'' if f.retransmissions is None else f.retransmissions} |"
         for f in report.flows
     ]
     if report.dpu_counters:

@@ -9,14 +9,15 @@ time, so the targets' meters and timestamps see simulated microseconds.
 Frames are switched and routed by Ethernet address (frames.py), so a flow may carry its datagrams in
 any shape an evader would try (VLAN, IPv6, GRE, VXLAN, fragments, forged sources) and still be
 delivered and counted for its true sender. Traffic sources are paced UDP senders (the scenario's
-`udp` flows). A source may send large
+`udp` flows) and bulk TCP flows (tcp_model.py, whose endpoints hang on the hosts' Receivers).
+A source may send large
 segments (`segment_bytes`) instead of MTU-sized frames, as TSO does: limiter.p4 meters bytes, so a
 segment of N bytes draws the same tokens as its frames would; what changes is granularity: a
 segment passes or fails as a whole, so near the end of the bucket up to one segment (not one
 frame) can differ. Receivers record wire bytes in 1 ms bins per source, like the real captures.
 
-Not modelled yet: TCP (scenarios with TCP flows need real time), ARP (hosts know the next hop),
-and link loss.
+Not modelled yet: ARP (hosts know the next hop), link loss, and queue limits: links are unbounded
+FIFOs, so the limiters' meters are the only place frames are dropped.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class Receiver:
     bins: dict[str, Timeline] = field(default_factory=dict)
     packets_by_port: dict[int, int] = field(default_factory=dict)
     bytes_by_port: dict[int, int] = field(default_factory=dict)
+    # TCP endpoints on this host by flow port (tcp_model.py): they see the frames after counting.
+    endpoints: dict[int, Callable[[bytes], None]] = field(default_factory=dict)
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
@@ -131,6 +134,10 @@ class Receiver:
         port = (frame[10] << 8) | frame[11]
         self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
         self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
+        if self.endpoints:
+            endpoint = self.endpoints.get(port)
+            if endpoint is not None:
+                endpoint(frame)
 
 
 @dataclass

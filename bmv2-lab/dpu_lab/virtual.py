@@ -24,9 +24,10 @@ from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
 from .frames import Encap, shape
-from .report import Flow, Phase, Report, write_report
+from .report import Flow, Phase, Protocol, Report, write_report
 from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
+from .tcp_model import MSS, TcpReceiver, TcpSender, tcp_flow
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
 BASE_PORT = 5201
@@ -39,19 +40,21 @@ NEVER_S = 1e6  # "never" within any run (a far larger timeout upsets the gRPC ev
 
 @dataclass
 class _Sending:
-    """One UDP sender of the run: a scenario flow, or a stream of a workload."""
+    """One sender of the run: a scenario flow (UDP or TCP), or a stream of a workload (UDP)."""
 
     phase: Phase
     name: str
     src: str
     dst: str
-    segments: list[tuple[int, int, float]]  # (start_ns, end_ns, rate_bps)
-    payload: int
+    segments: list[tuple[int, int, float]]  # (start_ns, end_ns, rate_bps; TCP: bulk, the rate unused)
+    payload: int  # UDP: the datagram's payload; TCP: the segment's (MSS)
     encap: Encap = "none"
     spoof_src: str | None = None
     uplink: int | None = None  # pinned to this uplink of its pod (1-based)
+    protocol: Protocol = "udp"
     port: int = 0
     source: UdpSource | None = None
+    tcp: tuple[TcpSender, TcpReceiver] | None = None
     delivered_bytes: int = 0
 
     @property
@@ -112,11 +115,11 @@ class VirtualLabRun:
 
     def run(self) -> Report:
         """Run the scenario end to end."""
-        tcp = [f.name for ph in self.scenario.phases for f in ph.flows if f.protocol == "tcp"]
-        if tcp:
-            raise ConfigError(
-                f"TCP flows are not modelled in virtual time yet ({', '.join(tcp)}); use --time real, or UDP flows"
-            )
+        for f in (f for ph in self.scenario.phases for f in ph.flows if f.protocol == "tcp"):
+            if f.encap != "none" or f.spoof_src is not None:
+                raise ConfigError(
+                    f"flow {f.name!r}: a TCP flow is plain TCP/IPv4 in virtual time; remove encap/spoof_src"
+                )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
         return asyncio.run(self._run())
@@ -229,10 +232,11 @@ class VirtualLabRun:
             phase = Phase(ph.name, t, t + ph.duration_s)
             phases.append(phase)
             for f in ph.flows:
-                assert f.rate is not None
-                seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate)]
-                payload = self.segment_bytes or f.size
-                sending.append(_Sending(phase, f.name, f.src, f.dst, seg, payload, f.encap, f.spoof_src, f.uplink))
+                seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate or 0.0)]
+                payload = self.segment_bytes or (f.size if f.protocol == "udp" else MSS)
+                sending.append(
+                    _Sending(phase, f.name, f.src, f.dst, seg, payload, f.encap, f.spoof_src, f.uplink, f.protocol)
+                )
             for w in ph.workloads:
                 first = len(sending)
                 for stream in expand(w, hosts, ph.duration_s):
@@ -246,9 +250,13 @@ class VirtualLabRun:
             t += ph.duration_s
         for port, s in enumerate(sending, BASE_PORT):
             s.port = port
-            s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload, s.encap, s.spoof_src)
             if s.uplink is not None:
-                net.pinned[s.source.frame[6:12]] = s.uplink - 1
+                net.pinned[net.mac_of[s.src][:4] + port.to_bytes(2, "big")] = s.uplink - 1
+            if s.protocol == "tcp":
+                ((start_ns, end_ns, _),) = s.segments
+                s.tcp = tcp_flow(net, s.src, s.dst, port, start_ns, end_ns, s.payload)
+                continue
+            s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload, s.encap, s.spoof_src)
             s.source.start()
         end_ns = int((t + LINGER_S) * NS)
         probes = self._probes(net, end_ns) if sc.audit is not None and "probe" in sc.audit.checks else []
@@ -311,22 +319,30 @@ class VirtualLabRun:
         )
         flows = []
         for s in sending:
-            assert s.source is not None
             rx = net.receivers[s.dst]
             dur = s.phase.end - s.phase.start
             received = rx.packets_by_port.get(s.port, 0)
-            s.delivered_bytes = rx.bytes_by_port.get(s.port, 0)
-            sent = s.source.sent_packets
+            s.delivered_bytes = rx.bytes_by_port.get(s.port, 0)  # wire bytes: retransmissions included
+            goodput, retransmitted = None, None
+            if s.tcp is not None:
+                sender, receiver = s.tcp
+                sent, sent_bytes = sender.sent_segments, sender.sent_wire_bytes
+                goodput, retransmitted = receiver.goodput_bytes * 8 / dur, sender.retransmissions
+            else:
+                assert s.source is not None
+                sent, sent_bytes = s.source.sent_packets, s.source.sent_wire_bytes
             flows.append(
                 Flow(
                     name=s.name,
-                    protocol="udp",
+                    protocol=s.protocol,
                     src_pod=sc.topology.pod_of_host(s.src).name,
                     dst_pod=sc.topology.pod_of_host(s.dst).name,
-                    offered_bps=s.source.sent_wire_bytes * 8 / dur,
+                    offered_bps=sent_bytes * 8 / dur,
                     delivered_bps=s.delivered_bytes * 8 / dur,
                     loss_ratio=max(0.0, 1 - received / sent) if sent else 0.0,
                     shape=shape(s.encap, s.spoof_src),
+                    goodput_bps=goodput,
+                    retransmissions=retransmitted,
                 )
             )
         duration = sum(ph.duration_s for ph in sc.phases)

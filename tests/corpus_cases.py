@@ -693,6 +693,71 @@ def packet_io_steps(sch: P4Schema) -> list[Step]:
     ]
 
 
+# ---------------------------------------------------------------- indirect_res
+
+INDIRECT_COUNTERS = ("I.by_packets", "I.by_bytes", "I.by_both")
+
+
+def _ids(sch: P4Schema, kind: str) -> dict[str, int]:
+    return {o.preamble.name: o.preamble.id for o in getattr(sch.p4info, kind)}
+
+
+async def indirect_setup(c: Client, sch: P4Schema) -> None:
+    """Meter cell 0 of both meters tight (three frames go green, yellow, red); cell 1 loose; 2 unset."""
+    meters = _ids(sch, "meters")
+    configs = {
+        # Rate 0: nothing refills. bmv2 refills whole units counted from its own start, so any rate at
+        # all could add a packet between frames sent 0.3 s apart, at a moment no test can pin down.
+        ("I.byte_meter", 0): p4r.MeterConfig(cir=0, cburst=1200, pir=0, pburst=2500),
+        ("I.packet_meter", 0): p4r.MeterConfig(cir=0, cburst=1, pir=0, pburst=2),
+        ("I.byte_meter", 1): p4r.MeterConfig(cir=10**6, cburst=10**6, pir=10**6, pburst=10**6),
+        ("I.packet_meter", 1): p4r.MeterConfig(cir=1000, cburst=1000, pir=1000, pburst=1000),
+    }
+    await c.write(
+        *(
+            update(
+                p4r.Update.MODIFY,
+                p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=meters[m], index=p4r.Index(index=i), config=cfg)),
+            )
+            for (m, i), cfg in configs.items()
+        )
+    )
+
+
+def indirect_frames() -> list[tuple[int, bytes]]:
+    """Three 1017-byte frames on cell 0, one on cell 1, two on unconfigured cell 2, one not counted."""
+
+    def res(idx: int, size: int = 1000) -> bytes:
+        return eth(0x9200, bytes([idx, 0, 0]) + b"r" * size)
+
+    return [
+        (0, res(0)),
+        (0, res(0)),
+        (0, res(0)),
+        (0, res(1, 60)),
+        (1, res(2)),
+        (1, res(2, 10)),
+        (0, eth(0x0800, b"x")),
+    ]
+
+
+async def indirect_state(c: Client, sch: P4Schema) -> dict[str, object]:
+    counters, meters = _ids(sch, "counters"), _ids(sch, "meters")
+    out: dict[str, object] = {}
+    for name in INDIRECT_COUNTERS:
+        cells = await c.read(p4r.Entity(counter_entry=p4r.CounterEntry(counter_id=counters[name])))
+        out[name] = sorted(
+            (e.counter_entry.index.index, e.counter_entry.data.packet_count, e.counter_entry.data.byte_count)
+            for e in cells
+        )
+    for name in ("I.byte_meter", "I.packet_meter"):
+        cells = await c.read(p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=meters[name])))
+        out[name] = sorted(
+            (e.meter_entry.index.index, e.meter_entry.config.cir, e.meter_entry.config.pburst) for e in cells
+        )
+    return out
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in (
@@ -704,6 +769,7 @@ CASES: dict[str, Case] = {
         Case("registers_exit", register_frames()),
         Case("replication", replication_frames(), setup=replication_setup, state=replication_state),
         Case("header_union", union_frames(), setup=union_setup),
+        Case("indirect_res", indirect_frames(), setup=indirect_setup, state=indirect_state),
         Case("header_union_stack", union_stack_frames(), setup=union_stack_setup),
         Case("action_selector", selector_frames(), setup=selector_setup, state=selector_state, ports=tuple(range(7))),
         Case("digest", digest_frames(), setup=digest_setup, steps=digest_steps, stream=True),

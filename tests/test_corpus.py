@@ -500,6 +500,30 @@ def _field(text: object, name: str) -> int:
     return int(str(text).split(f"{name}: ", 1)[1].split()[0])
 
 
+async def test_indirect_counters_and_meters(in_process_target: InProcess) -> None:
+    device, c = await programmed(in_process_target, "indirect_res")
+    out = run(device, "indirect_res")
+    # Cell 0 (nothing refills): 1017 B fits the 1200 B committed bucket once, the 2500 B peak bucket
+    # twice; one packet fits the committed bucket, two the peak one: green, yellow, red for both.
+    # Cell 1 is loose and cell 2 unconfigured (green, as bmv2 marks an unconfigured meter).
+    assert [o[0][1][14:17] for o in out[:6]] == [
+        bytes([0, 0, 0]),
+        bytes([0, 1, 1]),
+        bytes([0, 2, 2]),
+        bytes([1, 0, 0]),
+        bytes([2, 0, 0]),
+        bytes([2, 0, 0]),
+    ]
+    assert all(len(o) == 1 and o[0][0] == 1 for o in out)
+    state = await CASES["indirect_res"].state(c, schema("indirect_res"))
+    # Every counter type reads back packets and bytes (PI reads both from bmv2 whatever the type).
+    cells = [(0, 3, 3 * 1017), (1, 1, 77), (2, 2, 1017 + 27), (3, 0, 0)]
+    assert {k: state[k] for k in ("I.by_packets", "I.by_bytes", "I.by_both")} == dict.fromkeys(
+        ("I.by_packets", "I.by_bytes", "I.by_both"), cells
+    )
+    assert state["I.packet_meter"] == [(0, 0, 2), (1, 1000, 1000), (2, 0, 0), (3, 0, 0)]
+
+
 async def test_unsupported_construct_is_refused_at_set_pipeline(in_process_target: InProcess) -> None:
     _, channel = in_process_target
     c = await connect(channel, 5)

@@ -15,6 +15,7 @@ from conftest import free_port, programmed_target, register, start_embedded
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from p4rt_helpers import connect, table_entry
+from p4sim.firmware import LocalFirmware
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,3 +140,22 @@ async def test_drift_is_corrected_and_reported(tmp_path: Path) -> None:
         assert len(table.entries) == 2
         cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
         assert cfg == (2_500_000, 50_000, 2_500_000, 50_000)
+
+
+async def test_another_program_with_the_same_tables_is_found_by_its_hash(tmp_path: Path) -> None:
+    async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
+        agent = plane.service.agents["dpu-a"]
+        agent.resync_s = agent.pipeline_check_s = 0.2
+        ours = device.pipeline
+        assert ours is not None
+        # Firmware loads another program with the very same tables (here: one more byte of JSON), so
+        # every read still works; only the hash of what the DPU runs tells it apart.
+        other = p4r.ForwardingPipelineConfig(p4_device_config=ours.device_config + b" ")
+        other.p4info.CopyFrom(ours.p4info)
+        other.cookie.cookie = ours.cookie
+        LocalFirmware(device).load(other, forge=False)
+        async with asyncio.timeout(30):
+            while "another pipeline loaded, pipeline reinstalled" not in (await c.status()).dpus[0].last_drift:
+                await asyncio.sleep(0.1)
+        assert await agent.wait_applied(agent.poke(), timeout=30)
+        assert device.pipeline is not None and device.pipeline.device_config == ours.device_config

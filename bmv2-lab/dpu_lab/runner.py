@@ -172,7 +172,9 @@ class LabRun:
         db.unlink(missing_ok=True)
         log = (self.out_dir / "raw" / "control-plane.log").open("wb")
         # With an audit, the control plane reads every DPU back as often as the audit checks.
-        resync = ["--resync-s", str(self.scenario.audit.interval_s)] if self.scenario.audit else []
+        # The verifier's audit reads back (and hashes pipelines) as often as it checks.
+        every = str(self.scenario.audit.interval_s) if self.scenario.audit else ""
+        resync = ["--resync-s", every, "--pipeline-check-s", every] if every else []
         self.control = subprocess.Popen(
             [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr, *resync],
             stdout=log,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._proto.limiter.v1 import limiter_pb2 as pb
     from .client import LimiterClient
 
-from .units import DEFAULT_LEASE_S, RESYNC_S
+from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 
 DEFAULT_SERVER = "127.0.0.1:50100"
 
@@ -114,6 +114,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=RESYNC_S,
         help=f"read every DPU back against desired state this often, correcting drift (default {RESYNC_S:g} s)",
+    )
+    serve.add_argument(
+        "--pipeline-check-s",
+        type=float,
+        default=PIPELINE_CHECK_S,
+        help="hash the pipeline every DPU says it runs this often, loading ours again where it differs; "
+        f"0: only when its reads fail (default {PIPELINE_CHECK_S:g} s)",
     )
     serve.add_argument(
         "--tls-dir",
@@ -234,7 +241,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--lease-s: must be > 0 seconds, got {args.lease_s!r}")
             if not args.resync_s > 0:
                 raise ValueError(f"--resync-s: must be > 0 seconds, got {args.resync_s!r}")
-            asyncio.run(serve(args.db, args.listen, args.metrics_listen, tls, p4rt_tls, args.lease_s, args.resync_s))
+            if not args.pipeline_check_s >= 0:
+                raise ValueError(f"--pipeline-check-s: must be >= 0 seconds, got {args.pipeline_check_s!r}")
+            asyncio.run(
+                serve(
+                    args.db,
+                    args.listen,
+                    args.metrics_listen,
+                    tls,
+                    p4rt_tls,
+                    args.lease_s,
+                    args.resync_s,
+                    args.pipeline_check_s,
+                )
+            )
         except ValueError as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 2

@@ -29,7 +29,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from . import dataplane as dp
 from .models import Dpu
 from .tls import TlsFiles
-from .units import RESYNC_S
+from .units import PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
@@ -61,9 +61,11 @@ class DpuAgent:
         election_id: int = ELECTION_ID,
         tls: TlsFiles | None = None,
         resync_s: float = RESYNC_S,
+        pipeline_check_s: float = PIPELINE_CHECK_S,
     ) -> None:
         self.dpu = dpu
         self.resync_s = resync_s  # read-back period when nothing changes
+        self.pipeline_check_s = pipeline_check_s  # 0: only when reads fail
         self.intent_fn = intent_fn
         self.status = AgentStatus()
         self._changed = asyncio.Event()
@@ -74,6 +76,7 @@ class DpuAgent:
         self._codec: dp.Codec | None = None
         self._held: dp.Held | None = None  # the last read-back that matched the intent applied
         self._restored_at = -math.inf  # when the pipeline was last reinstalled for unreadable state
+        self._checked_at = time.monotonic()  # when the pipeline was last hashed (connecting installs it)
         opts = fy.SwitchOptions(
             p4info=program.p4info,
             p4blob=program.bmv2_json,
@@ -165,6 +168,10 @@ class DpuAgent:
                     LOG.warning("reconcile %s failed: %s", self.dpu.name, exc)
                     if isinstance(exc, P4ClientError) and exc.code not in TRANSIENT and await self._restore(exc):
                         continue  # reconcile the fresh pipeline at once
+                else:
+                    # On the periodic read-back only: a change to apply never waits for a hash.
+                    if resync and self._pipeline_check_due() and await self._restore(None):
+                        continue
                 try:
                     # Jittered, so that DPUs that converged together do not all read back at once.
                     async with asyncio.timeout(self.resync_s * random.uniform(0.8, 1.2)):
@@ -177,29 +184,38 @@ class DpuAgent:
             self.status.primary = False
             self.status.converged = False
 
-    async def _restore(self, exc: P4ClientError) -> bool:
+    def _pipeline_check_due(self) -> bool:
+        """Whether the periodic pipeline hash is due (reads can succeed on another program with the
+        same tables: only the hash of what the DPU says it runs shows that)."""
+        if self.pipeline_check_s <= 0 or time.monotonic() < self._checked_at + self.pipeline_check_s:
+            return False
+        # Jittered, as the read-back is: DPUs that connected together do not all hash at once.
+        self._checked_at = time.monotonic() + self.pipeline_check_s * random.uniform(-0.2, 0.2)
+        return True
+
+    async def _restore(self, exc: P4ClientError | None) -> bool:
         """Put our pipeline back on a DPU that runs another one, or whose state its own P4Runtime
         server can no longer read.
 
         Firmware can change the pipeline behind the controller's back: load another program (the
         cookie the controller saw at connect time is then stale), or, on bmv2, add an entry or swap
         the program through its Thrift port, after which the P4Runtime server fails reads of what it
-        thought it held. Only a new pipeline clears either. At most once per resync period, so that
-        a DPU that stays broken is not reloaded in a loop; an error from our own request (the
-        pipeline is ours, the state readable) reloads nothing. Reloading fails closed: until the
-        entries are back, nothing crosses the boundary.
+        thought it held. Only a new pipeline clears either. `exc` is the failed read, or None for the
+        periodic check. At most one reload per resync period, so that a DPU that stays broken is
+        not reloaded in a loop; an error from our own request (the pipeline is ours, the state
+        readable) reloads nothing. Reloading fails closed: until the entries are back, nothing
+        crosses the boundary.
         """
-        now = time.monotonic()
-        if now - self._restored_at < self.resync_s:
+        if time.monotonic() - self._restored_at < self.resync_s:
             return False
-        self._restored_at = now
         try:
-            if exc.code in UNREADABLE:
+            if exc is not None and exc.code in UNREADABLE:
                 why = f"state unreadable ({exc.code.name}: {exc.message})"
             elif await self.pipeline_digest() != self.expected_digest():
-                why = f"another pipeline loaded ({exc.code.name}: {exc.message})"
+                why = "another pipeline loaded" + (f" ({exc.code.name}: {exc.message})" if exc else "")
             else:
                 return False
+            self._restored_at = time.monotonic()
             await self.reinstall_pipeline()
         except P4ClientError as err:
             LOG.warning("%s: pipeline check or reinstall failed: %s", self.dpu.name, err)

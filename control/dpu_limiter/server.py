@@ -15,7 +15,7 @@ from .metrics import MetricsEndpoint
 from .service import LimiterService
 from .store import Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S, RESYNC_S
+from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class ControlPlane:
         resync_s: float = RESYNC_S,
         lease_s: float = DEFAULT_LEASE_S,
         lease_loop: bool = True,
+        pipeline_check_s: float = PIPELINE_CHECK_S,
     ) -> None:
         self.store = Store(db_path)
         self.service = LimiterService(
@@ -48,6 +49,7 @@ class ControlPlane:
             resync_s=resync_s,
             lease_s=lease_s,
             lease_loop=lease_loop,
+            pipeline_check_s=pipeline_check_s,
         )
         self.server = grpc.aio.server()
         api.add_to_server(self.server, self.service, mtls=tls is not None)
@@ -88,6 +90,7 @@ async def serve(
     p4runtime_tls: TlsFiles | None = None,
     lease_s: float = DEFAULT_LEASE_S,
     resync_s: float = RESYNC_S,
+    pipeline_check_s: float = PIPELINE_CHECK_S,
 ) -> None:
     """Serve until SIGINT/SIGTERM."""
     cp = ControlPlane(
@@ -98,6 +101,7 @@ async def serve(
         p4runtime_tls=p4runtime_tls,
         lease_s=lease_s,
         resync_s=resync_s,
+        pipeline_check_s=pipeline_check_s,
     )
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)

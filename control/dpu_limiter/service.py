@@ -16,7 +16,7 @@ from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
 from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
 from .store import Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S, RESYNC_S
+from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
@@ -59,9 +59,11 @@ class LimiterService:
         resync_s: float = RESYNC_S,
         lease_s: float = DEFAULT_LEASE_S,
         lease_loop: bool = True,
+        pipeline_check_s: float = PIPELINE_CHECK_S,
     ) -> None:
         self.store = store
         self.resync_s = resync_s
+        self.pipeline_check_s = pipeline_check_s
         # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
         # generation (seeded at random, so a restarted control plane never repeats the last one).
         self.lease_s = lease_s
@@ -117,7 +119,9 @@ class LimiterService:
             lease = (self.lease_gen, round(self.lease_s * 1e6))
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease)
 
-        agent = DpuAgent(dpu, self.program, intent, self.election_id, self.p4runtime_tls, self.resync_s)
+        agent = DpuAgent(
+            dpu, self.program, intent, self.election_id, self.p4runtime_tls, self.resync_s, self.pipeline_check_s
+        )
         self.agents[dpu.name] = agent
         agent.start()
 

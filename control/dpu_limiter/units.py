@@ -26,6 +26,7 @@ MAX_FRAME_BYTES = 1518
 DEFAULT_BURST_SECONDS = 0.1
 # Default lease lifetime: a DPU out of touch with the control plane this long falls to its floor.
 DEFAULT_LEASE_S = 30.0
+PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)
 RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
 
 

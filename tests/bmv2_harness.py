@@ -20,10 +20,25 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import can_netns, free_port, stop, wait_port
-from dpu_lab.targets import bmv2_options, bmv2_thrift_port
+from dpu_lab.bmv2_firmware import bmv2_python_dir
+from dpu_lab.targets import bmv2_has_thrift, bmv2_options, bmv2_thrift_port
 from p4sim.ports import AUX_SPACE, PACKET_AUXDATA, SOL_PACKET, with_vlan_tag
 
 ETH_P_ALL = 0x0003
+
+
+def thrift_firmware_missing() -> str | None:
+    """Why compromised firmware cannot run on bmv2 here (a skip reason), or None when it can."""
+    exe = shutil.which("simple_switch_grpc")
+    if exe is None:
+        return "simple_switch_grpc is not on PATH (bmv2 not installed)"
+    if not bmv2_has_thrift(exe):
+        return f"{exe} was built without Thrift (no --thrift-port)"
+    try:
+        bmv2_python_dir()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
 
 
 @dataclass

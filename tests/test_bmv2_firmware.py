@@ -6,7 +6,6 @@ then tampers through Thrift, and P4Runtime shows what a controller would see aft
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +13,10 @@ import grpc
 import pytest
 from finsy.proto import p4r
 
-from bmv2_harness import bmv2_switch
+from bmv2_harness import bmv2_switch, thrift_firmware_missing
 from dpu_lab.bmv2_firmware import Bmv2Firmware
 from dpu_lab.compromise import compromise
-from dpu_lab.targets import TargetProcess, bmv2_has_thrift, start_target
+from dpu_lab.targets import TargetProcess, start_target
 from dpu_limiter import dataplane as dp
 from p4rt_helpers import A_HOST, B_HOST, connect, program_limiter, table_entry, udp, update
 
@@ -27,11 +26,8 @@ pytestmark = [pytest.mark.bmv2, pytest.mark.timeout(120)]
 @pytest.fixture
 def bmv2(tmp_path: Path) -> Iterator[TargetProcess]:
     """simple_switch_grpc with no ports and no program, with its Thrift port."""
-    exe = shutil.which("simple_switch_grpc")
-    if exe is None:
-        pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
-    if not bmv2_has_thrift(exe):
-        pytest.skip(f"{exe} was built without Thrift (no --thrift-port)")
+    if reason := thrift_firmware_missing():
+        pytest.skip(reason)
     tp = start_target("dpu", "bmv2", 1, {}, tmp_path)
     try:
         yield tp
@@ -96,9 +92,10 @@ async def test_tampering_goes_through_thrift_and_p4runtime_sees_it(bmv2: TargetP
 @pytest.mark.parametrize("how", ["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"])
 async def test_tampering_through_thrift_passes_what_the_cap_drops(how: str) -> None:
     frame = udp(A_HOST, B_HOST, 1000)  # pod a's host (port 0) to pod b, out of the uplink (port 1)
+    if reason := thrift_firmware_missing():
+        pytest.skip(reason)
     with bmv2_switch([0, 1]) as sw:
-        if sw.thrift_port is None:
-            pytest.skip("simple_switch_grpc was built without Thrift (no --thrift-port)")
+        assert sw.thrift_port is not None
         async with grpc.aio.insecure_channel(sw.address) as channel:
             c = await connect(channel, 1)
             await c.responses.get()

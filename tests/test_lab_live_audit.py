@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bmv2_harness import thrift_firmware_missing
 from conftest import audited_scenario, can_netns, probed_scenario
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.runner import LabRun
@@ -72,6 +73,8 @@ def test_forging_on_bmv2_is_refused_before_anything_starts(tmp_path: Path) -> No
 
 def caught_on_bmv2(tmp_path: Path, how: str, seen_by: str) -> Any:
     """Run with pod a's bmv2 compromised `how` 3 s in; the audit must catch it (by `seen_by`) within 2.5 s."""
+    if reason := thrift_firmware_missing():
+        pytest.skip(reason)
     r = run(tmp_path, {"at_s": 3, "action": "compromise", "dpu": "dpu-a", "how": how}, "bmv2")
     assert [e["how"] for e in r.events] == [how]
     assert r.audit is not None and r.audit["detected"] and r.audit["false_alarms"] == 0

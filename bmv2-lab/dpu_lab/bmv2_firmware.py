@@ -11,9 +11,10 @@ server's own bookkeeping. A compromised DPU's firmware is modelled on bmv2 by wr
 
 Reads go through P4Runtime: a read needs no arbitration, and it returns entities in P4Runtime's
 own encoding (ids, canonical bytes) that compromise.py builds its updates from, where Thrift would
-need PI's name and key mapping reimplemented. The Thrift client is thriftpy2, which reads
-behavioral-model 1.15.2's thrift_src/standard.thrift (bmv2_standard.thrift, beside this file,
-unchanged) at run time: no generated code, and nothing needed from bmv2's own Python install.
+need PI's name and key mapping reimplemented. The Thrift client is the one bmv2 itself generates
+from its standard.thrift and installs with `make install` (package `bm_runtime`, which its own
+runtime_CLI uses), found at run time where bmv2's bm_CLI says it put it, and run with Apache Thrift's
+Python library: the interface always matches the switch it talks to, and none of bmv2 is shipped here.
 
 What differs from the embedded target (p4sim.firmware):
 
@@ -33,21 +34,26 @@ What differs from the embedded target (p4sim.firmware):
 from __future__ import annotations
 
 import functools
+import importlib
+import re
+import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import grpc
-import thriftpy2
 from finsy.proto import p4i, p4r, p4r_grpc
-from thriftpy2.protocol import TBinaryProtocolFactory, TMultiplexedProtocolFactory
-from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TException
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.protocol.TMultiplexedProtocol import TMultiplexedProtocol
+from thrift.Thrift import TException
+from thrift.transport.TSocket import TSocket
+from thrift.transport.TTransport import TBufferedTransport
 
 from dpu_limiter import dataplane as dp
 
-IDL = Path(__file__).with_name("bmv2_standard.thrift")
 NO_FORGE = (
     "bmv2's P4Runtime server reads the very tables, meters and counters that packets use, so its "
     "firmware cannot show P4Runtime one pipeline and forward with another (forging is the embedded target's)"
@@ -55,10 +61,34 @@ NO_FORGE = (
 _CONTEXT = 0  # simple_switch has one context
 
 
+def bmv2_python_dir(cli: str | None = None) -> Path:
+    """Where bmv2's `make install` put its Python packages, as its bm_CLI wrapper script records it.
+
+    bm_CLI (installed beside simple_switch_grpc when bmv2 is built with Thrift) appends that
+    directory to sys.path before importing runtime_CLI; bm_runtime, the generated Thrift client,
+    lies there too.
+    """
+    path = cli or shutil.which("bm_CLI")
+    if path is None:
+        raise RuntimeError(
+            "bmv2's Thrift client was not found: bm_CLI is not on PATH (bmv2 installed without Thrift, "
+            "or not with `make install`)"
+        )
+    found = re.search(r"""sys\.path\.append\(["']([^"']+)["']\)""", Path(path).read_text())
+    if found is None or not (Path(found[1]) / "bm_runtime" / "standard" / "Standard.py").is_file():
+        raise RuntimeError(f"bmv2's Thrift client (bm_runtime/standard) is not where {path} says bmv2's Python lies")
+    return Path(found[1])
+
+
 @functools.cache
-def _standard() -> Any:
-    """The Standard service's types, read from its IDL (once per process)."""
-    return thriftpy2.load(str(IDL), module_name="bmv2_standard_thrift")
+def _standard() -> tuple[ModuleType, ModuleType]:
+    """bmv2's generated Standard service and its types (imported once per process)."""
+    where = str(bmv2_python_dir())
+    if where not in sys.path:
+        sys.path.append(where)  # appended, as bm_CLI does: nothing of ours is shadowed
+    return importlib.import_module("bm_runtime.standard.Standard"), importlib.import_module(
+        "bm_runtime.standard.ttypes"
+    )
 
 
 def _width(value: bytes, bitwidth: int, what: str) -> bytes:
@@ -107,16 +137,16 @@ class Bmv2Firmware:
 
     @contextmanager
     def _thrift(self) -> Iterator[Any]:
-        std = _standard()
-        proto = TMultiplexedProtocolFactory(TBinaryProtocolFactory(), "standard")
+        service, std = _standard()
+        sock = TSocket("127.0.0.1", self.thrift_port)
+        sock.setTimeout(self.timeout_s * 1000)
+        transport = TBufferedTransport(sock)
         try:
-            client = make_client(
-                std.Standard, "127.0.0.1", self.thrift_port, proto_factory=proto, timeout=int(self.timeout_s * 1000)
-            )
+            transport.open()
         except TException as exc:
             raise RuntimeError(f"no Thrift runtime API on 127.0.0.1:{self.thrift_port}: {exc}") from None
         try:
-            yield client
+            yield service.Client(TMultiplexedProtocol(TBinaryProtocol(transport), "standard"))
         except TException as exc:  # bmv2's own error, by name
             codes = {
                 std.InvalidTableOperation: std.TableOperationErrorCode,
@@ -127,7 +157,7 @@ class Bmv2Firmware:
             what = enum._VALUES_TO_NAMES.get(exc.code, exc.code) if enum else exc  # type: ignore[attr-defined]
             raise RuntimeError(f"bmv2 Thrift on 127.0.0.1:{self.thrift_port}: {type(exc).__name__} {what}") from None
         finally:
-            client.close()
+            transport.close()
 
     def write(self, updates: list[p4r.Update], forge: bool) -> None:
         """Apply P4Runtime-shaped updates through Thrift, with no arbitration (never forged: NO_FORGE)."""
@@ -156,7 +186,7 @@ class Bmv2Firmware:
             client.bm_swap_configs()
 
     def _meter(self, client: Any, info: p4i.P4Info, entry: p4r.MeterEntry) -> None:
-        std = _standard()
+        std = _standard()[1]
         meter = next((m for m in info.meters if m.preamble.id == entry.meter_id), None)
         if meter is None:
             raise ValueError(f"meter_entry.meter_id: {entry.meter_id} is no indirect meter of the pipeline")
@@ -169,7 +199,7 @@ class Bmv2Firmware:
         client.bm_meter_set_rates(_CONTEXT, meter.preamble.name, entry.index.index, rates)
 
     def _table(self, client: Any, info: p4i.P4Info, entry: p4r.TableEntry, insert: bool) -> None:
-        std = _standard()
+        std = _standard()[1]
         table = next((t for t in info.tables if t.preamble.id == entry.table_id), None)
         if table is None:
             raise ValueError(f"table_entry.table_id: {entry.table_id} is no table of the pipeline")

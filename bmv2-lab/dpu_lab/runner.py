@@ -23,7 +23,7 @@ from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
 
-from .bmv2_firmware import NO_FORGE
+from .bmv2_firmware import NO_FORGE, bmv2_python_dir
 from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
 from .compromise import compromise
@@ -418,6 +418,10 @@ def refuse_what_bmv2_cannot(sc: Scenario) -> None:
                     f"{where}: compromised firmware on bmv2 writes through its Thrift runtime API, and the "
                     f"{bmv2_path()} here was built without it (no --thrift-port); use --target embedded"
                 )
+            try:
+                bmv2_python_dir()
+            except RuntimeError as exc:
+                raise ConfigError(f"{where}: {exc}; use --target embedded") from None
 
 
 def check_frame_sizes(sc: Scenario) -> None:

@@ -16,14 +16,20 @@ What each figure includes:
   per DPU) and read them back (one Read per DPU) as the new intent. Connections are already up.
   Afterwards (not timed) every DPU's meter cells are read afresh over a separate connection and
   checked against the intent: the figure counts only if all of them hold it.
+- floor_s: the same two calls per DPU with no control plane around them: each DPU's Write of its
+  two meter cells (the values it already holds) and the Read a reconcile sends, prebuilt and sent
+  over the control plane's own connections, all DPUs at once. It is what gRPC and the targets cost
+  by themselves; converge_s / floor_s is what the control plane adds (taken right after converge_s,
+  best of three).
 - baseline_s: p4runtime-shell (needs the environment tests/p4rt_shell/env.sh makes; otherwise
   nan) sending the same meter writes (both cells) to the same DPUs one DPU at a time, one write
   per request, without reading back: set up (connect, arbitrate, fetch the P4Info), write, tear
   down, next DPU; p4runtime-shell holds one connection at a time, so the connections are part of
   doing it one by one. The part spent in the writes alone is printed too (baseline_writes_s).
 
-Last lines: `dpus=N converge_s=... baseline_s=... baseline_writes_s=... ratio=...` (ratio =
-baseline_s / converge_s).
+Last lines: `dpus=N converge_s=... floor_s=... baseline_s=... baseline_writes_s=... ratio=...
+floor_ratio=...` (ratio = baseline_s / converge_s; floor_ratio = baseline_s / floor_s, the most any
+control plane on this transport could reach).
 """
 
 from __future__ import annotations
@@ -40,15 +46,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import finsy as fy
 import grpc
+from finsy.p4client import P4Client
 from finsy.proto import p4r, p4r_grpc
 
 from dpu_limiter import dataplane as dp
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.reconciler import DpuAgent
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import MeterParams
 
@@ -63,8 +72,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[float, float, float, float]:
-    """Seconds to first convergence, from a cap change to convergence, and both processes' CPU seconds in the latter."""
+@dataclass
+class Figures:
+    """One size's figures (seconds)."""
+
+    first: float  # first convergence: pipelines and entries installed
+    change: float  # a cap change until every DPU read it back
+    plane_cpu: float  # the control plane's CPU seconds during the change
+    host_cpu: float  # the targets' process's CPU seconds during the change
+    floor: float  # the same calls with no control plane logic
+
+
+async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
+    """Converge N DPUs, time a cap change to all of them, then the bare calls it costs."""
     n = len(addresses)
     plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", rebalance_loop=False)
     await plane.start()
@@ -101,7 +121,8 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> tuple[floa
             plane_cpu, host_cpu = cpu_s(os.getpid()) - cpu[0], cpu_s(host_pid) - cpu[1]
             agents = [plane.service.agents[f"dpu-{i}"] for i in range(len(addresses))]
             await verify(addresses, [a.intent_fn()[1].meters for a in agents])
-            return first, change, plane_cpu, host_cpu
+            floor = min([await bare_calls(agents) for _ in range(3)])
+            return Figures(first, change, plane_cpu, host_cpu, floor)
     finally:
         await plane.stop()
 
@@ -128,6 +149,33 @@ async def verify(addresses: list[str], meters: list[dict[int, MeterParams]]) -> 
             raise AssertionError(f"{addr} holds {held}, not {want}")
 
     await asyncio.gather(*(check(a, m) for a, m in zip(addresses, meters, strict=True)))
+
+
+async def bare_calls(agents: list[DpuAgent]) -> float:
+    """Seconds for every DPU's Write (meters as held) and Read, prebuilt, over the agents' connections."""
+    calls = []
+    for a in agents:
+        assert a._codec is not None and a.switch._p4client is not None
+        meters = sorted(a.intent_fn()[1].meters.items())
+        updates = [
+            p4r.Update(type=p4r.Update.MODIFY, entity=p4r.Entity(meter_entry=a._codec.meter(cell, m)))
+            for cell, m in meters
+        ]
+        write = p4r.WriteRequest(device_id=a.dpu.device_id, updates=updates)
+        client = a.switch._p4client
+        assert client._complete_request is not None
+        client._complete_request(write)  # the election id, as the agent's own writes get it
+        read = p4r.ReadRequest(device_id=a.dpu.device_id, entities=a._codec.reads)
+        calls.append((client, write, read))
+
+    async def one(client: P4Client, write: p4r.WriteRequest, read: p4r.ReadRequest) -> None:
+        await client.request(write)
+        async for _ in client.request_iter(read):
+            pass
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(*c) for c in calls))
+    return time.monotonic() - t0
 
 
 def baseline(addresses: list[str]) -> tuple[float, float]:
@@ -162,20 +210,21 @@ def main() -> int:
             assert host.stdout is not None
             addresses = json.loads(host.stdout.readline())
             with tempfile.TemporaryDirectory() as tmp:
-                first, change, plane_cpu, host_cpu = asyncio.run(converge(addresses, Path(tmp), host.pid))
+                f = asyncio.run(converge(addresses, Path(tmp), host.pid))
             base, base_writes = baseline(addresses)
         finally:
             host.terminate()
             host.wait(timeout=30)
         print(
-            f"dpus={n}: first convergence {first:.2f} s, cap change converged in {change:.3f} s "
-            f"(CPU: control plane {plane_cpu:.2f} s, targets {host_cpu:.2f} s), "
+            f"dpus={n}: first convergence {f.first:.2f} s, cap change converged in {f.change:.3f} s "
+            f"(CPU: control plane {f.plane_cpu:.2f} s, targets {f.host_cpu:.2f} s), "
+            f"the bare calls {f.floor:.3f} s, "
             f"p4runtime-shell one by one {base:.3f} s (of which writing {base_writes:.3f} s)",
             file=sys.stderr,
         )
         lines.append(
-            f"dpus={n} converge_s={change:.3f} baseline_s={base:.3f} baseline_writes_s={base_writes:.3f} "
-            f"ratio={base / change:.1f}"
+            f"dpus={n} converge_s={f.change:.3f} floor_s={f.floor:.3f} baseline_s={base:.3f} "
+            f"baseline_writes_s={base_writes:.3f} ratio={base / f.change:.1f} floor_ratio={base / f.floor:.1f}"
         )
     print("\n".join(lines))
     return 0

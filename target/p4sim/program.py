@@ -14,11 +14,13 @@ packet left there (the P4 specification leaves the value unspecified); no test r
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 from .errors import ProgramError, UnsupportedConstruct
@@ -2332,23 +2334,30 @@ _MAX_INLINE_ACTIONS = 4  # tables with more actions call the action's function i
 _COMPARE = {"==", "!=", ">", ">=", "<", "<="}
 
 
+@functools.lru_cache(maxsize=8192)
+def _code(src: str, filename: str, mode: str) -> CodeType:
+    """compile(), once per distinct source: the devices of one process that load the same program
+    (a lab's or a benchmark's many DPUs) share its code objects and bind them each to their own state."""
+    return compile(src, filename, mode)
+
+
 def _compile_fn(name: str, args: str, lines: list[str], env: dict[str, Any]) -> Any:
     """exec one generated function (our own source) in `env` and return it."""
     src = f"def {name}({args}):\n" + "".join(f"    {line}\n" for line in lines)
-    exec(compile(src, f"<p4sim {name}>", "exec"), env)
+    exec(_code(src, f"<p4sim {name}>", "exec"), env)
     return env[name]
 
 
 def _masked(code: str, mask: int) -> str:
     """`code & mask`, computed now when `code` names nothing (a constant), else written out."""
-    if not compile(code, "<p4sim expression>", "eval").co_names:
+    if not _code(code, "<p4sim expression>", "eval").co_names:
         return str(eval(code, {}) & mask)  # our own source, a constant
     return f"{code} & {mask}"
 
 
 def _index(code: str, size: int) -> tuple[list[str], str, str]:
     """(lines computing an extern index, the index, the in-range test), constants checked now."""
-    if not compile(code, "<p4sim expression>", "eval").co_names:
+    if not _code(code, "<p4sim expression>", "eval").co_names:
         i = eval(code, {})  # our own source, a constant
         return [], str(i), str(0 <= i < size)
     return [f"_i = {code}"], "_i", f"0 <= _i < {size}"

@@ -4,10 +4,11 @@
 
 N embedded targets run in one helper process (bench/targets_host.py); the control plane runs here,
 one agent per DPU, each holding its P4Runtime connection. The N DPUs are parallel devices of one
-pod, so each holds an equal share of the pod's cap: the cap goes from N x 0.5 to N x 1 Gbit/s. After
-the first convergence (pipeline and entries installed; then both processes move their setup's
-objects out of the garbage collector's reach, as a long-running process would see no full
-collection over them), the pod's cap is changed.
+pod, so each holds an equal share of the pod's cap. After the first convergence (pipeline and
+entries installed; then both processes move their setup's objects out of the garbage collector's
+reach, as a long-running process would see no full collection over them), the pod's cap is changed
+three times: every share from 0.5 to 1 Gbit/s, back to 0.5, and up again. Each figure is the median
+of its three samples (all are printed to stderr); the machine is shared and noisy.
 
 What each figure includes:
 
@@ -19,8 +20,7 @@ What each figure includes:
 - floor_s: the same two calls per DPU with no control plane around them: each DPU's Write of its
   two meter cells (the values it already holds) and the Read a reconcile sends, prebuilt and sent
   over the control plane's own connections, all DPUs at once. It is what gRPC and the targets cost
-  by themselves; converge_s / floor_s is what the control plane adds (taken right after converge_s,
-  best of three).
+  by themselves; converge_s / floor_s is what the control plane adds (taken after each change).
 - baseline_s: p4runtime-shell (needs the environment tests/p4rt_shell/env.sh makes; otherwise
   nan) sending the same meter writes (both cells) to the same DPUs one DPU at a time, one write
   per request, without reading back: set up (connect, arbitrate, fetch the P4Info), write, tear
@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,12 @@ from dpu_limiter.units import MeterParams
 ROOT = Path(__file__).resolve().parent.parent
 BURST_PER_DPU = 1_250_000  # each share's bucket (10 ms at 1 Gbit/s)
 SHELL_PY = ROOT / ".venv-p4rt-shell" / "bin" / "python"
+ROUNDS = 3  # cap changes (and bare-call rounds) per size; the figures are their medians
+
+
+def fmt(xs: list[float]) -> str:
+    """Seconds, three decimals, comma-separated."""
+    return ", ".join(f"{x:.3f}" for x in xs)
 
 
 def cpu_s(pid: int) -> float:
@@ -77,10 +84,10 @@ class Figures:
     """One size's figures (seconds)."""
 
     first: float  # first convergence: pipelines and entries installed
-    change: float  # a cap change until every DPU read it back
-    plane_cpu: float  # the control plane's CPU seconds during the change
-    host_cpu: float  # the targets' process's CPU seconds during the change
-    floor: float  # the same calls with no control plane logic
+    change: float  # a cap change until every DPU read it back (median of ROUNDS)
+    plane_cpu: float  # the control plane's CPU seconds during that change
+    host_cpu: float  # the targets' process's CPU seconds during that change
+    floor: float  # the same calls with no control plane logic (median of ROUNDS)
 
 
 async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
@@ -111,17 +118,24 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
             gc.freeze()
             os.kill(host_pid, signal.SIGUSR1)
             await asyncio.sleep(1.0)
-            cpu = cpu_s(os.getpid()), cpu_s(host_pid)
-            t1 = time.monotonic()
-            # Every share from 0.5 to 1 Gbit/s (the API takes pod caps up to 1.6 Tbit/s).
-            await c.set_pod_cap("a", n * 1e9, n * 1e9, 60.0, n * BURST_PER_DPU)
-            # The service's own wait (event-driven), not the API's status polling, to time it finely.
-            assert await plane.service.wait_converged(timeout=600)
-            change = time.monotonic() - t1
-            plane_cpu, host_cpu = cpu_s(os.getpid()) - cpu[0], cpu_s(host_pid) - cpu[1]
             agents = [plane.service.agents[f"dpu-{i}"] for i in range(len(addresses))]
-            await verify(addresses, [a.intent_fn()[1].meters for a in agents])
-            floor = min([await bare_calls(agents) for _ in range(3)])
+            changes, cpus, floors = [], [], []
+            for k in range(ROUNDS):
+                # Every share up from 0.5 to 1 Gbit/s, then down again, ... (the API takes pod caps up to 1.6 Tbit/s).
+                share = 1e9 if k % 2 == 0 else 0.5e9
+                cpu = cpu_s(os.getpid()), cpu_s(host_pid)
+                t1 = time.monotonic()
+                await c.set_pod_cap("a", n * share, n * share, 60.0, n * BURST_PER_DPU)
+                # The service's own wait (event-driven), not the API's status polling, to time it finely.
+                assert await plane.service.wait_converged(timeout=600)
+                changes.append(time.monotonic() - t1)
+                cpus.append((cpu_s(os.getpid()) - cpu[0], cpu_s(host_pid) - cpu[1]))
+                await verify(addresses, [a.intent_fn()[1].meters for a in agents])
+                floors.append(await bare_calls(agents))
+            k = changes.index(statistics.median_low(changes))
+            change, (plane_cpu, host_cpu) = changes[k], cpus[k]
+            floor = statistics.median(floors)
+            print(f"dpus={n}: changes {fmt(changes)} s, bare calls {fmt(floors)} s", file=sys.stderr)
             return Figures(first, change, plane_cpu, host_cpu, floor)
     finally:
         await plane.stop()

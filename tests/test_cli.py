@@ -46,3 +46,13 @@ def test_unreachable_server_is_a_clear_error() -> None:
     res = cli("status", "--server", "127.0.0.1:1")
     assert res.returncode == 1
     assert "UNAVAILABLE" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--max-installs", "0"), ("--max-reconciles", "-3"), ("--resync-s", "0"), ("--lease-s", "nan")]
+)
+def test_bad_serve_settings_name_the_flag(tmp_path: Path, flag: str, value: str) -> None:
+    res = cli("serve", "--db", str(tmp_path / "s.db"), "--listen", "127.0.0.1:0", flag, value)
+    assert res.returncode == 2
+    assert flag in res.stderr and value in res.stderr
+    assert not (tmp_path / "s.db").exists()  # refused before anything was opened

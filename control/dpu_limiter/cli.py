@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._proto.limiter.v1 import limiter_pb2 as pb
     from .client import LimiterClient
 
-from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
+from .units import DEFAULT_LEASE_S, MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, RESYNC_S
 
 DEFAULT_SERVER = "127.0.0.1:50100"
 
@@ -121,6 +121,19 @@ def _parser() -> argparse.ArgumentParser:
         default=PIPELINE_CHECK_S,
         help="hash the pipeline every DPU says it runs this often, loading ours again where it differs; "
         f"0: only when its reads fail (default {PIPELINE_CHECK_S:g} s)",
+    )
+    serve.add_argument(
+        "--max-installs",
+        type=int,
+        default=MAX_INSTALLS,
+        help=f"push the pipeline to at most this many DPUs at once (default {MAX_INSTALLS})",
+    )
+    serve.add_argument(
+        "--max-reconciles",
+        type=int,
+        default=MAX_RECONCILES,
+        help=f"write and read back at most this many DPUs at once; the rest wait their turn, in order "
+        f"(default {MAX_RECONCILES})",
     )
     serve.add_argument(
         "--tls-dir",
@@ -224,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "certs":
         return _certs(args)
     if args.cmd == "serve":
+        from .reconciler import Concurrency
         from .server import serve
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -243,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--resync-s: must be > 0 seconds, got {args.resync_s!r}")
             if not args.pipeline_check_s >= 0:
                 raise ValueError(f"--pipeline-check-s: must be >= 0 seconds, got {args.pipeline_check_s!r}")
+            for flag, value in (("--max-installs", args.max_installs), ("--max-reconciles", args.max_reconciles)):
+                if value < 1:
+                    raise ValueError(f"{flag}: must be at least 1, got {value}")
             asyncio.run(
                 serve(
                     args.db,
@@ -253,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.lease_s,
                     args.resync_s,
                     args.pipeline_check_s,
+                    Concurrency(args.max_installs, args.max_reconciles),
                 )
             )
         except ValueError as exc:

@@ -6,6 +6,12 @@ Whenever the switch becomes ready, whenever the desired state changes, and perio
 agent reads back what the DPU holds and writes the difference in a safe order. Transient
 failures are retried with tenacity (jittered exponential backoff); one slow or dead DPU never
 delays the others, since every agent is its own task.
+
+How many DPUs are worked on at once is bounded (Slots, shared by all agents): pipeline pushes and
+reconcile passes each take a slot. asyncio's semaphores hand slots out in the order they were asked
+for, so every DPU gets its turn; every call made under a slot has a deadline (finsy's 10 s), so a
+DPU that answers slowly, or not at all, holds one slot at most that long while the others go on.
+Retries back off without a slot.
 """
 
 from __future__ import annotations
@@ -29,12 +35,50 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from . import dataplane as dp
 from .models import Dpu
 from .tls import TlsFiles
-from .units import PIPELINE_CHECK_S, RESYNC_S
+from .units import MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
 ELECTION_ID = 1 << 40  # above any default controller's bid (finsy 10, p4runtime-shell 1)
 MAX_PASSES = 3  # write-and-read-back rounds in one reconcile before it counts as failed
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """How many DPUs the control plane works on at once."""
+
+    installs: int = MAX_INSTALLS  # pipeline pushes
+    reconciles: int = MAX_RECONCILES  # reconcile passes
+
+    def __post_init__(self) -> None:
+        for name in ("installs", "reconciles"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"concurrency.{name}: must be a whole number >= 1, got {value!r}")
+
+
+class Slots:
+    """The slots all agents of one control plane share (FIFO-fair semaphores)."""
+
+    def __init__(self, concurrency: Concurrency | None = None) -> None:
+        c = concurrency or Concurrency()
+        self.concurrency = c
+        self.installs = asyncio.Semaphore(c.installs)
+        self.reconciles = asyncio.Semaphore(c.reconciles)
+
+
+# finsy marks Switch final, but it has no hook around the pipeline push it makes on connecting (when
+# the cookie differs); overriding that one step keeps finsy's own connect, arbitration and retry logic.
+class _Switch(fy.Switch):  # type: ignore[misc]
+    """finsy's Switch, pushing its pipeline (on connecting, when the cookie differs) in an install slot."""
+
+    def __init__(self, name: str, address: str, options: fy.SwitchOptions, slots: Slots) -> None:
+        super().__init__(name, address, options)
+        self.slots = slots
+
+    async def _set_pipeline(self) -> None:
+        async with self.slots.installs:
+            await super()._set_pipeline()
 
 
 @dataclass
@@ -62,8 +106,10 @@ class DpuAgent:
         tls: TlsFiles | None = None,
         resync_s: float = RESYNC_S,
         pipeline_check_s: float = PIPELINE_CHECK_S,
+        slots: Slots | None = None,
     ) -> None:
         self.dpu = dpu
+        self.slots = slots or Slots()
         self.resync_s = resync_s  # read-back period when nothing changes
         self.pipeline_check_s = pipeline_check_s  # 0: only when reads fail
         self.intent_fn = intent_fn
@@ -87,7 +133,7 @@ class DpuAgent:
             if tls is None
             else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
         )
-        self.switch = fy.Switch(dpu.name, dpu.p4runtime_address, opts)
+        self.switch: fy.Switch = _Switch(dpu.name, dpu.p4runtime_address, opts, self.slots)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -229,7 +275,8 @@ class DpuAgent:
     async def _reconcile_with_retries(self, sw: fy.Switch, resync: bool) -> None:
         try:
             # The usual case, without setting up the retry machinery: thousands of agents run this at once.
-            await self.reconcile(sw, resync)
+            async with self.slots.reconciles:
+                await self.reconcile(sw, resync)
             return
         except (P4ClientError, DriftError) as exc:
             LOG.info("reconcile %s failed, retrying: %s", self.dpu.name, exc)
@@ -240,7 +287,8 @@ class DpuAgent:
             reraise=True,
         ):
             with attempt:
-                await self.reconcile(sw, resync=True)
+                async with self.slots.reconciles:  # taken per attempt: the backoff waits without one
+                    await self.reconcile(sw, resync=True)
 
     async def reconcile(self, sw: fy.Switch, resync: bool = False) -> None:
         """Write what the DPU's entries and meters lack of the intent, until a read-back shows it holds it.
@@ -307,7 +355,8 @@ class DpuAgent:
     async def reinstall_pipeline(self) -> None:
         """Load our pipeline again, whatever cookie the DPU shows, then put everything back."""
         config = self.switch.p4info.get_pipeline_config()
-        await self.switch._set_pipeline_config_request(config=config)
+        async with self.slots.installs:
+            await self.switch._set_pipeline_config_request(config=config)
         self._applied_intent = None  # what we wrote is gone with the old pipeline: not drift, a restore
         self._held = None
 

@@ -12,6 +12,7 @@ import grpc
 from . import api
 from .dataplane import ProgramFiles
 from .metrics import MetricsEndpoint
+from .reconciler import Concurrency
 from .service import LimiterService
 from .store import Store
 from .tls import TlsFiles
@@ -38,6 +39,7 @@ class ControlPlane:
         lease_s: float = DEFAULT_LEASE_S,
         lease_loop: bool = True,
         pipeline_check_s: float = PIPELINE_CHECK_S,
+        concurrency: Concurrency | None = None,
     ) -> None:
         self.store = Store(db_path)
         self.service = LimiterService(
@@ -50,6 +52,7 @@ class ControlPlane:
             lease_s=lease_s,
             lease_loop=lease_loop,
             pipeline_check_s=pipeline_check_s,
+            concurrency=concurrency,
         )
         self.server = grpc.aio.server()
         api.add_to_server(self.server, self.service, mtls=tls is not None)
@@ -91,6 +94,7 @@ async def serve(
     lease_s: float = DEFAULT_LEASE_S,
     resync_s: float = RESYNC_S,
     pipeline_check_s: float = PIPELINE_CHECK_S,
+    concurrency: Concurrency | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM."""
     cp = ControlPlane(
@@ -102,6 +106,7 @@ async def serve(
         lease_s=lease_s,
         resync_s=resync_s,
         pipeline_check_s=pipeline_check_s,
+        concurrency=concurrency,
     )
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)

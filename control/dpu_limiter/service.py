@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from . import dataplane as dp
 from . import shares
 from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
-from .reconciler import ELECTION_ID, AgentStatus, DpuAgent
+from .reconciler import ELECTION_ID, AgentStatus, Concurrency, DpuAgent, Slots
 from .store import Store
 from .tls import TlsFiles
 from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
@@ -60,8 +60,10 @@ class LimiterService:
         lease_s: float = DEFAULT_LEASE_S,
         lease_loop: bool = True,
         pipeline_check_s: float = PIPELINE_CHECK_S,
+        concurrency: Concurrency | None = None,
     ) -> None:
         self.store = store
+        self.slots = Slots(concurrency)  # shared by every agent: how many DPUs are worked on at once
         self.resync_s = resync_s
         self.pipeline_check_s = pipeline_check_s
         # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
@@ -120,7 +122,14 @@ class LimiterService:
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease)
 
         agent = DpuAgent(
-            dpu, self.program, intent, self.election_id, self.p4runtime_tls, self.resync_s, self.pipeline_check_s
+            dpu,
+            self.program,
+            intent,
+            self.election_id,
+            self.p4runtime_tls,
+            self.resync_s,
+            self.pipeline_check_s,
+            self.slots,
         )
         self.agents[dpu.name] = agent
         agent.start()

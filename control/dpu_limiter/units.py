@@ -28,6 +28,8 @@ DEFAULT_BURST_SECONDS = 0.1
 DEFAULT_LEASE_S = 30.0
 PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)
 RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
+MAX_INSTALLS = 16  # pipelines pushed at once (each sends the whole device config, which the DPU loads)
+MAX_RECONCILES = 256  # DPUs reconciled at once (a batched Write and a Read each)
 
 
 class UnitError(ValueError):

@@ -35,7 +35,8 @@ class Counted(P4RuntimeService):
         self.tally[kind] = self.tally.get(kind, 0) + 1
         self.tally[f"max {kind}"] = max(self.tally.get(f"max {kind}", 0), self.tally[kind])
         try:
-            await asyncio.sleep(self.delay_s if kind == "write" else 0.05)  # long enough for calls to overlap
+            # Long enough for calls to overlap: every DPU connects while the first pushes are under way.
+            await asyncio.sleep(self.delay_s if kind == "write" else 1.0)
             return await call()
         finally:
             self.tally[kind] -= 1

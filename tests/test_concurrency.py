@@ -26,17 +26,17 @@ pytestmark = pytest.mark.timeout(120)
 class Counted(P4RuntimeService):
     """The embedded target's P4Runtime, counting concurrent Writes and pipeline pushes across devices."""
 
-    def __init__(self, device: Device, tally: dict[str, int], delay_s: float) -> None:
+    def __init__(self, device: Device, tally: dict[str, int], delay_s: float, install_s: float) -> None:
         super().__init__(device)
         self.tally = tally
-        self.delay_s = delay_s  # before answering each Write: 0 for a healthy DPU
+        self.delay_s = delay_s  # before answering each Write
+        self.install_s = install_s  # before answering each pipeline push
 
     async def _counted(self, kind: str, call: Callable[[], Awaitable[Any]]) -> Any:
         self.tally[kind] = self.tally.get(kind, 0) + 1
         self.tally[f"max {kind}"] = max(self.tally.get(f"max {kind}", 0), self.tally[kind])
         try:
-            # Long enough for calls to overlap: every DPU connects while the first pushes are under way.
-            await asyncio.sleep(self.delay_s if kind == "write" else 1.0)
+            await asyncio.sleep(self.delay_s if kind == "write" else self.install_s)
             return await call()
         finally:
             self.tally[kind] -= 1
@@ -54,11 +54,13 @@ class Counted(P4RuntimeService):
         )
 
 
-async def serve(tally: dict[str, int], delay_s: float = 0.05) -> tuple[Device, grpc.aio.Server, str]:
+async def serve(
+    tally: dict[str, int], delay_s: float = 0.05, install_s: float = 0.05
+) -> tuple[Device, grpc.aio.Server, str]:
     """An embedded target on loopback whose service is Counted."""
     device = Device(1)
     server = grpc.aio.server()
-    p4r_grpc.add_P4RuntimeServicer_to_server(Counted(device, tally, delay_s), server)  # type: ignore[no-untyped-call]
+    p4r_grpc.add_P4RuntimeServicer_to_server(Counted(device, tally, delay_s, install_s), server)  # type: ignore[no-untyped-call]
     port = free_port()
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
@@ -78,7 +80,8 @@ async def test_at_most_the_set_number_of_dpus_are_worked_on_at_once(
     tmp_path: Path, servers: list[grpc.aio.Server]
 ) -> None:
     tally: dict[str, int] = {}
-    served = [await serve(tally) for _ in range(6)]
+    # Pushes take a second, so that every DPU has connected while the first ones are under way.
+    served = [await serve(tally, install_s=1.0) for _ in range(6)]
     servers += [s for _, s, _ in served]
     plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", concurrency=Concurrency(installs=2, reconciles=3))
     await plane.start()

@@ -61,14 +61,14 @@ NO_FORGE = (
 _CONTEXT = 0  # simple_switch has one context
 
 
-def bmv2_python_dir(cli: str | None = None) -> Path:
+def bmv2_python_dir() -> Path:
     """Where bmv2's `make install` put its Python packages, as its bm_CLI wrapper script records it.
 
     bm_CLI (installed beside simple_switch_grpc when bmv2 is built with Thrift) appends that
     directory to sys.path before importing runtime_CLI; bm_runtime, the generated Thrift client,
     lies there too.
     """
-    path = cli or shutil.which("bm_CLI")
+    path = shutil.which("bm_CLI")
     if path is None:
         raise RuntimeError(
             "bmv2's Thrift client was not found: bm_CLI is not on PATH (bmv2 installed without Thrift, "

@@ -62,7 +62,6 @@ class Slots:
 
     def __init__(self, concurrency: Concurrency | None = None) -> None:
         c = concurrency or Concurrency()
-        self.concurrency = c
         self.installs = asyncio.Semaphore(c.installs)
         self.reconciles = asyncio.Semaphore(c.reconciles)
 

@@ -121,3 +121,40 @@ async def test_a_held_lease_is_not_rewritten_and_a_changed_one_is_drift(tmp_path
         device.pipeline.write(p4r.Update(type=p4r.Update.MODIFY, entity=short))
         assert await agent.wait_applied(agent.poke(), 30)
         assert agent.status.drift_corrections == 1 and "1 leases written" in agent.status.last_drift
+
+
+async def test_status_shows_each_dpus_lease_and_when_it_lapses(tmp_path: Path) -> None:
+    from conftest import cli
+
+    device = Device(1)
+    server = grpc.aio.server()
+    add_to_server(server, device)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with plane_for(tmp_path / "s.db", f"127.0.0.1:{port}", 1.5, True) as (plane, c):
+            st = (await c.status()).dpus[0]
+            assert st.lease_state == "held" and st.lease_generation == plane.service.lease_gen
+            assert 0 <= st.lease_age_s < st.lease_lifetime_s == 1.5
+            # The next renewal (every half second): the DPU confirms the new generation, and holds it.
+            renewed = plane.service.lease_gen + 1
+            for _ in range(40):
+                st = (await c.status()).dpus[0]
+                if st.lease_generation == renewed:
+                    break
+                await asyncio.sleep(0.05)
+            assert st.lease_state == "held" and st.lease_generation == renewed
+            table = await asyncio.to_thread(cli, "status", "--server", plane.address)
+            assert "held (" in table.stdout, table.stdout
+            # The DPU goes away: no renewal is confirmed any more, and one lifetime after the last
+            # confirmed one was issued, its lease reads lapsed.
+            await server.stop(grace=0)
+            seen = []
+            for _ in range(60):
+                seen.append((await c.status()).dpus[0].lease_state)
+                if seen[-1] == "lapsed":
+                    break
+                await asyncio.sleep(0.05)
+            assert seen[-1] == "lapsed" and set(seen) <= {"held", "renewing", "lapsed"}, seen
+    finally:
+        await server.stop(grace=0)

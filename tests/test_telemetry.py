@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
 
-from conftest import register, serve_in_process
+from conftest import cli, register, serve_in_process
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from p4rt_helpers import A_HOST, B_HOST, udp
@@ -101,3 +102,42 @@ async def test_usage_watch_cli_prints_rates(tmp_path: Path) -> None:
         await proc.wait()
         await plane.stop()
         await server.stop(grace=0)
+
+
+async def test_usage_per_dpu_beside_the_pods_totals(tmp_path: Path) -> None:
+    served = [await serve_in_process() for _ in range(2)]
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", metrics_listen="127.0.0.1:0", metrics_interval_s=0.2)
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            for i, (_, _, addr) in enumerate(served):
+                await register(c, f"node-{i}", addr, node=True)
+            await c.set_pod_cap("a", 80e6, 80e6, 1.0, 100_000)
+            await c.wait_converged(timeout=30)
+            frame = udp(A_HOST, B_HOST, 958)  # 1000 bytes on the wire, out of node-0 only
+            for _ in range(4):
+                assert served[0][0].process(0, frame)
+            rows = {(u.dpu, u.direction): u for u in (await c.usage("a", per_dpu=True)).usage}
+            assert set(rows) == {(d, k) for d in ("", "node-0", "node-1") for k in ("egress", "ingress")}
+            assert rows[("node-0", "egress")].metered_bytes == 4000 and rows[("node-1", "egress")].metered_bytes == 0
+            assert rows[("", "egress")].metered_bytes == 4000 and all(u.pod == "a" for u in rows.values())
+            assert {u.dpu for u in (await c.usage("a")).usage} == {""}  # totals only, unless asked
+
+            res = await asyncio.to_thread(cli, "usage", "--per-dpu", "--json", "--server", plane.address)
+            assert res.returncode == 0, res.stderr
+            by_dpu = {(u.get("dpu", ""), u["direction"]): u for u in json.loads(res.stdout)["usage"]}
+            assert by_dpu[("node-0", "egress")]["metered_bytes"] == "4000"  # uint64 in JSON: a string
+        assert plane.metrics is not None
+        url = f"http://127.0.0.1:{plane.metrics.port}/metrics"
+        want = 'dpu_limiter_dpu_bytes_total{direction="egress",dpu="node-0",kind="metered",pod="a"} 4000.0'
+        for _ in range(50):
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+            if want in text:
+                break
+            await asyncio.sleep(0.1)
+        assert want in text and 'dpu_limiter_dpu_lease_held{dpu="node-1"} 1.0' in text
+    finally:
+        await plane.stop()
+        for _, server, _ in served:
+            await server.stop(grace=0)

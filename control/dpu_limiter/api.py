@@ -133,7 +133,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         """Usage per pod and direction."""
 
         async def run(actor: str) -> pb.GetUsageResponse:
-            rows = await self.service.usage(request.pod)
+            rows = await self.service.usage(request.pod, request.per_dpu)
             return pb.GetUsageResponse(usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
 
         return await self._call(context, run, write=False)
@@ -153,7 +153,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         if request.pod and request.pod not in self.service.state.pods:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod!r} does not exist")
         while True:
-            rows = await self.service.usage(request.pod)
+            rows = await self.service.usage(request.pod, request.per_dpu)
             yield pb.UsageSample(time=time.time(), usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
             await asyncio.sleep(interval)
 
@@ -162,6 +162,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         await self._actor(context, write=False)
         out = pb.GetStatusResponse(generation=self.service.state.generation)
         for name, st in sorted(self.service.status().items()):
+            lease = self.service.lease(name)
             out.dpus.append(
                 pb.DpuStatus(
                     name=name,
@@ -172,6 +173,10 @@ class LimiterApi(pb_grpc.LimiterServicer):
                     generation_applied=st.generation_applied,
                     drift_corrections=st.drift_corrections,
                     last_drift=st.last_drift,
+                    lease_state=lease.state,
+                    lease_generation=lease.generation,
+                    lease_age_s=lease.age_s,
+                    lease_lifetime_s=lease.lifetime_s,
                 )
             )
         return out

@@ -207,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     usage.add_argument("--pod", default="")
     usage.add_argument("--watch", action="store_true", help="keep showing rates (bit/s) until Ctrl-C")
     usage.add_argument("--interval", type=float, default=1.0, help="seconds between samples with --watch")
+    usage.add_argument("--per-dpu", action="store_true", help="each DPU's own counters too (a node's, with node DPUs)")
     sub.add_parser("status", help="whether every DPU holds the desired state")
     for p in (cset, cget, usage, sub.choices["status"], ap_apply, get):
         p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
@@ -423,7 +424,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
         elif args.cmd == "cap":
             msg = await c.get_pod_cap(args.pod)
         elif args.cmd == "usage":
-            msg = await c.usage(args.pod)
+            msg = await c.usage(args.pod, args.per_dpu)
         else:
             msg = await c.status()
     doc = json_format.MessageToDict(msg, preserving_proto_field_name=True)
@@ -517,31 +518,32 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
     from rich.live import Live
     from rich.table import Table
 
-    prev: dict[tuple[str, str], tuple[float, dict[str, int]]] = {}
+    prev: dict[tuple[str, str, str], tuple[float, dict[str, int]]] = {}
     fields = ("metered_bytes", "green_bytes", "red_bytes", "exempt_bytes")
 
-    def rates(sample: pb.UsageSample) -> list[tuple[str, str, dict[str, float]]]:
+    def rates(sample: pb.UsageSample) -> list[tuple[str, str, str, dict[str, float]]]:
         out = []
         for u in sample.usage:
-            key = (u.pod, u.direction)
+            key = (u.pod, u.dpu, u.direction)
             now = {f: getattr(u, f) for f in fields}
             t0, before = prev.get(key, (sample.time, now))
             dt = max(sample.time - t0, 1e-9)
-            out.append((u.pod, u.direction, {f: (now[f] - before[f]) * 8 / dt for f in fields}))
+            out.append((u.pod, u.dpu, u.direction, {f: (now[f] - before[f]) * 8 / dt for f in fields}))
             prev[key] = (sample.time, now)
         return out
 
     try:
         if args.json:
-            async for sample in c.watch_usage(args.pod, args.interval):
+            async for sample in c.watch_usage(args.pod, args.interval, args.per_dpu):
                 doc = json_format.MessageToDict(sample, preserving_proto_field_name=True)
-                doc["rates_bps"] = [{"pod": p, "direction": d, **r} for p, d, r in rates(sample)]
+                doc["rates_bps"] = [{"pod": p, "dpu": n, "direction": d, **r} for p, n, d, r in rates(sample)]
                 print(json.dumps(doc), flush=True)
         else:
             with Live(console=Console(), auto_refresh=False) as live:
-                async for sample in c.watch_usage(args.pod, args.interval):
+                async for sample in c.watch_usage(args.pod, args.interval, args.per_dpu):
                     t = Table(
                         "pod",
+                        "dpu",
                         "direction",
                         "metered",
                         "passed (green)",
@@ -549,8 +551,8 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                         "exempt",
                         title="bit/s across each pod's boundary (Ctrl-C to stop)",
                     )
-                    for pod, direction, r in rates(sample):
-                        t.add_row(pod, direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields))
+                    for pod, dpu, direction, r in rates(sample):
+                        t.add_row(pod, dpu or "(all)", direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields))
                     live.update(t, refresh=True)
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
@@ -578,6 +580,7 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
     if cmd == "usage":
         t = Table(
             "pod",
+            "dpu",
             "direction",
             "exempt B",
             "metered B",
@@ -591,19 +594,24 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
         for u in doc.get("usage", []):
             t.add_row(
                 u["pod"],
+                u.get("dpu", "") or "(all)",
                 u["direction"],
                 *(str(u.get(k, 0)) for k in USAGE_COLUMNS),
             )
         console.print(t)
     elif cmd == "status":
-        t = Table("dpu", "connected", "primary", "converged", "generation", "drift corrected", "last error")
+        t = Table("dpu", "connected", "primary", "converged", "generation", "lease", "drift corrected", "last error")
         for d in doc.get("dpus", []):
+            lease = d.get("lease_state", "")
+            if lease in ("held", "renewing"):
+                lease += f" ({d.get('lease_age_s', 0):.0f} of {d.get('lease_lifetime_s', 0):.0f} s)"
             t.add_row(
                 d["name"],
                 str(d.get("connected", False)),
                 str(d.get("primary", False)),
                 str(d.get("converged", False)),
                 f"{d.get('generation_applied', 0)}/{doc.get('generation', 0)}",
+                lease,
                 f"{d.get('drift_corrections', 0)} {d.get('last_drift', '')}".strip(),
                 d.get("last_error", ""),
             )

@@ -65,13 +65,16 @@ class LimiterClient:
         """A pod's cap."""
         return await self.stub.GetPodCap(pb.GetPodCapRequest(pod=pod))
 
-    async def usage(self, pod: str = "") -> pb.GetUsageResponse:
-        """Usage per pod and direction."""
-        return await self.stub.GetUsage(pb.GetUsageRequest(pod=pod))
+    async def usage(self, pod: str = "", per_dpu: bool = False) -> pb.GetUsageResponse:
+        """Usage per pod and direction (and per DPU)."""
+        return await self.stub.GetUsage(pb.GetUsageRequest(pod=pod, per_dpu=per_dpu))
 
-    async def watch_usage(self, pod: str = "", interval_s: float = 1.0) -> AsyncIterator[pb.UsageSample]:
+    async def watch_usage(
+        self, pod: str = "", interval_s: float = 1.0, per_dpu: bool = False
+    ) -> AsyncIterator[pb.UsageSample]:
         """Usage samples every interval until cancelled."""
-        async for sample in self.stub.WatchUsage(pb.WatchUsageRequest(pod=pod, interval_s=interval_s)):
+        request = pb.WatchUsageRequest(pod=pod, interval_s=interval_s, per_dpu=per_dpu)
+        async for sample in self.stub.WatchUsage(request):
             yield sample
 
     async def status(self) -> pb.GetStatusResponse:

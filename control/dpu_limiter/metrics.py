@@ -46,21 +46,38 @@ class UsageCollector(Collector):
             "Bytes across a pod's boundary, summed over its DPUs' counters",
             labels=["pod", "direction", "kind"],
         )
+        by_dpu = CounterMetricFamily(
+            "dpu_limiter_dpu_bytes",
+            "Bytes one DPU (a node's, with node placement) passed or dropped at its pod's boundary",
+            labels=["dpu", "pod", "direction", "kind"],
+        )
         for u in self.sample:
             for f in BYTE_FIELDS:
-                by_kind.add_metric([u.pod, u.direction, f.removesuffix("_bytes")], getattr(u, f))
+                kind = f.removesuffix("_bytes")
+                if u.dpu:
+                    by_dpu.add_metric([u.dpu, u.pod, u.direction, kind], getattr(u, f))
+                else:
+                    by_kind.add_metric([u.pod, u.direction, kind], getattr(u, f))
         yield by_kind
+        yield by_dpu
         connected = GaugeMetricFamily(
             "dpu_limiter_dpu_connected", "1 when the control plane holds a stream", labels=["dpu"]
         )
         converged = GaugeMetricFamily(
             "dpu_limiter_dpu_converged", "1 when the DPU read back as desired", labels=["dpu"]
         )
+        lease = GaugeMetricFamily(
+            "dpu_limiter_dpu_lease_held",
+            "1 when the DPU's current lease is confirmed within its lifetime (held or renewing)",
+            labels=["dpu"],
+        )
         for name, st in self.service.status().items():
             connected.add_metric([name], float(st.connected))
             converged.add_metric([name], float(st.converged))
+            lease.add_metric([name], float(self.service.lease(name).state in ("held", "renewing")))
         yield connected
         yield converged
+        yield lease
         gen = GaugeMetricFamily("dpu_limiter_generation", "Generation of the desired state")
         gen.add_metric([], float(self.service.state.generation))
         yield gen
@@ -83,7 +100,7 @@ class MetricsEndpoint:
     async def _refresh(self) -> None:
         while True:
             try:
-                self.collector.sample = await self.collector.service.usage()
+                self.collector.sample = await self.collector.service.usage(per_dpu=True)
             except Exception as exc:
                 LOG.warning("metrics refresh failed: %s", exc)
             await asyncio.sleep(self.interval_s)

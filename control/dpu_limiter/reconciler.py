@@ -91,6 +91,7 @@ class AgentStatus:
     generation_applied: int = 0
     drift_corrections: int = 0  # times the DPU held something else than what was last applied
     last_drift: str = ""
+    lease_generation: int | None = None  # the lease generation a read-back last confirmed (None: never)
 
 
 class DpuAgent:
@@ -201,6 +202,7 @@ class DpuAgent:
         self.status.connected = True
         self.status.primary = sw.is_primary
         self._held = None  # a new connection: the DPU may have restarted, read it afresh
+        self.status.lease_generation = None  # and so may have lost its lease: vouch for none until read back
         resync = False
         try:
             while True:
@@ -332,6 +334,8 @@ class DpuAgent:
         self.status.generation_applied = generation
         self.applied = ticket
         self._applied_intent = intent
+        if intent.lease is not None:
+            self.status.lease_generation = intent.lease[0]
         self._converged.set()
 
     async def _read_back(self, sw: fy.Switch, codec: dp.Codec) -> dp.Held:

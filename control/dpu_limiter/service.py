@@ -43,6 +43,10 @@ class DirectionUsage:
     window_bytes: int  # dropped over the window budget
     lease_bytes: int  # dropped for want of a valid lease
     spoofed_bytes: int  # dropped: IPv4 from inside the pod with a source outside it
+    dpu: str = ""  # empty: the pod's totals; else the one DPU these counters are from
+
+
+LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals every lifetime / 3)
 
 
 class LimiterService:
@@ -70,6 +74,8 @@ class LimiterService:
         # generation (seeded at random, so a restarted control plane never repeats the last one).
         self.lease_s = lease_s
         self.lease_gen = secrets.randbits(32)
+        # When each recent generation was issued: a DPU can only latch it (start its lifetime) later.
+        self._lease_issued: dict[int, float] = {self.lease_gen: time.monotonic()}
         self.lease_loop = lease_loop
         self._leaser: asyncio.Task[None] | None = None
         self.p4runtime_tls = p4runtime_tls
@@ -139,6 +145,9 @@ class LimiterService:
     def renew_leases(self) -> dict[str, int]:
         """Give every DPU a new lease generation now; returns each agent's ticket to wait on."""
         self.lease_gen = (self.lease_gen + 1) & dp.MAX_LEASE_GEN
+        self._lease_issued[self.lease_gen] = time.monotonic()
+        while len(self._lease_issued) > LEASES_KEPT:
+            del self._lease_issued[next(iter(self._lease_issued))]  # the oldest (dicts keep insertion order)
         return {name: agent.poke() for name, agent in self.agents.items()}
 
     async def _lease_loop(self) -> None:
@@ -383,51 +392,90 @@ class LimiterService:
                 return False
         return True
 
-    async def usage(self, pod: str = "") -> list[DirectionUsage]:
-        """Usage per pod and direction, summed over the pod's DPUs' counters."""
+    async def usage(self, pod: str = "", per_dpu: bool = False) -> list[DirectionUsage]:
+        """Usage per pod and direction, summed over the pod's DPUs' counters; with `per_dpu`, each
+        DPU's own rows follow its pod's."""
         if pod and pod not in self.state.pods:
             raise NotFound(f"pod {pod!r} does not exist")
         pods = [pod] if pod else sorted(self.state.pods)
         out: list[DirectionUsage] = []
         for name in pods:
-            agents = [a for a in self.agents.values() if a.dpu.pod == name]
+            agents = sorted((a for a in self.agents.values() if a.dpu.pod == name), key=lambda a: a.dpu.name)
             reads = await asyncio.gather(*(a.read_usage() for a in agents), return_exceptions=True)
-            for direction in dp.CELLS:
-                tot: dict[str, list[int]] = {}
-                for r in reads:
-                    if isinstance(r, BaseException):
-                        LOG.warning("usage read failed: %s", r)
-                        continue
-                    for k, (npk, nby) in r[direction].items():
-                        acc = tot.setdefault(k, [0, 0])
-                        acc[0] += npk
-                        acc[1] += nby
-
-                def b(k: str, tot: dict[str, list[int]] = tot) -> int:
-                    return tot.get(k, [0, 0])[1]
-
-                def pk(k: str, tot: dict[str, list[int]] = tot) -> int:
-                    return tot.get(k, [0, 0])[0]
-
-                out.append(
-                    DirectionUsage(
-                        pod=name,
-                        direction=direction,
-                        exempt_bytes=b("intra") + b("arp"),
-                        metered_bytes=b("ipv4") + b("fragment") + b("other"),
-                        green_bytes=b("green"),
-                        yellow_bytes=b("yellow"),
-                        red_bytes=b("red"),
-                        other_bytes=b("other"),
-                        fragment_bytes=b("fragment"),
-                        metered_packets=pk("ipv4") + pk("fragment") + pk("other"),
-                        red_packets=pk("red"),
-                        window_bytes=b("window"),
-                        lease_bytes=b("lease"),
-                        spoofed_bytes=b("spoofed"),
-                    )
-                )
+            held: list[tuple[str, dict[str, dict[str, tuple[int, int]]]]] = []
+            for a, r in zip(agents, reads, strict=True):
+                if isinstance(r, BaseException):
+                    LOG.warning("usage read of %s failed: %s", a.dpu.name, r)
+                else:
+                    held.append((a.dpu.name, r))
+            out += [_usage(name, "", direction, [r for _, r in held]) for direction in dp.CELLS]
+            if per_dpu:
+                out += [_usage(name, dpu, direction, [r]) for dpu, r in held for direction in dp.CELLS]
         return out
+
+    def lease(self, name: str) -> LeaseView:
+        """A DPU's lease as the control plane last confirmed it.
+
+        A DPU starts a generation's lifetime when its first packet sees it, which is after the
+        control plane issued it: counted from the issue, "held" and "renewing" never outlast the
+        DPU's own lease (a lease rewritten after a restart may outlast "lapsed" a little).
+        """
+        agent = self.agents[name]
+        current = agent.intent_fn()[1].lease
+        if current is None:
+            return LeaseView("none", 0, 0.0, 0.0)
+        lifetime = current[1] / 1e6
+        gen = agent.status.lease_generation
+        issued = self._lease_issued.get(gen) if gen is not None else None
+        if gen is None or issued is None:  # never confirmed, or long ago
+            return LeaseView("lapsed", gen or 0, 0.0, lifetime)
+        age = time.monotonic() - issued
+        state = "lapsed" if age >= lifetime else "held" if gen == current[0] else "renewing"
+        return LeaseView(state, gen, age, lifetime)
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """A DPU's lease as last confirmed (GetStatus)."""
+
+    state: str  # held | renewing | lapsed | none
+    generation: int
+    age_s: float
+    lifetime_s: float
+
+
+def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, tuple[int, int]]]]) -> DirectionUsage:
+    """One row of usage: `reads` (DPUs' counter cells) summed for `direction`."""
+    tot: dict[str, list[int]] = {}
+    for r in reads:
+        for k, (npk, nby) in r[direction].items():
+            acc = tot.setdefault(k, [0, 0])
+            acc[0] += npk
+            acc[1] += nby
+
+    def b(k: str) -> int:
+        return tot.get(k, [0, 0])[1]
+
+    def pk(k: str) -> int:
+        return tot.get(k, [0, 0])[0]
+
+    return DirectionUsage(
+        pod=pod,
+        direction=direction,
+        exempt_bytes=b("intra") + b("arp"),
+        metered_bytes=b("ipv4") + b("fragment") + b("other"),
+        green_bytes=b("green"),
+        yellow_bytes=b("yellow"),
+        red_bytes=b("red"),
+        other_bytes=b("other"),
+        fragment_bytes=b("fragment"),
+        metered_packets=pk("ipv4") + pk("fragment") + pk("other"),
+        red_packets=pk("red"),
+        window_bytes=b("window"),
+        lease_bytes=b("lease"),
+        spoofed_bytes=b("spoofed"),
+        dpu=dpu,
+    )
 
 
 def _layers(dpus: list[Dpu]) -> list[list[str]]:

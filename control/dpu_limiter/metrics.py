@@ -68,7 +68,7 @@ class UsageCollector(Collector):
         )
         lease = GaugeMetricFamily(
             "dpu_limiter_dpu_lease_held",
-            "1 when the DPU's current lease is confirmed within its lifetime (held or renewing)",
+            "1 while the DPU holds a lease the control plane confirmed within its lifetime (held or renewing)",
             labels=["dpu"],
         )
         for name, st in self.service.status().items():

@@ -148,6 +148,15 @@ async def register(
     )
 
 
+async def node_pod(
+    client: LimiterClient, addresses: list[str], name: str, pod: str = "a", prefix: str = "10.0.1.0/24"
+) -> None:
+    """Pod `pod` (holding `prefix`) with a node DPU at each address, named `name`0, `name`1, ..."""
+    await client.apply_pod(pod, [prefix])
+    for i, addr in enumerate(addresses):
+        await register(client, f"{name}{i}", addr, pod=pod, node=True)
+
+
 def start_embedded(port: int, log: Path, options: list[str] | None = None) -> subprocess.Popen[bytes]:
     """The embedded target as a process with no pipeline, serving P4Runtime on 127.0.0.1:port
     (`options`: more of simple_switch_grpc's options, e.g. `-i PORT@IF` or the TLS ones)."""

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from finsy.proto import p4r, p4r_grpc
 
-from conftest import free_port, register
+from conftest import free_port, node_pod, register
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.reconciler import Concurrency
 from dpu_limiter.server import ControlPlane
@@ -87,9 +87,7 @@ async def test_at_most_the_set_number_of_dpus_are_worked_on_at_once(
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            for i, (_, _, addr) in enumerate(served):
-                await register(c, f"dpu-{i}", addr, node=True)
+            await node_pod(c, [addr for _, _, addr in served], "dpu-")
             await c.set_pod_cap("a", 60e6, 60e6, 1.0, 600_000)
             assert await c.wait_converged(timeout=60)
             await c.set_pod_cap("a", 30e6, 30e6, 1.0, 600_000)  # every DPU writes again
@@ -116,9 +114,7 @@ async def test_a_slow_dpu_does_not_delay_the_others(tmp_path: Path, servers: lis
             await c.set_pod_cap("slow", 10e6, 10e6, 1.0, 100_000)
             await asyncio.sleep(1.0)  # dpu-slow is connected and holds its slot, waiting for its Write
             assert tally.get("write") == 1
-            await c.apply_pod("b", ["10.0.2.0/24"])
-            for i, (_, _, addr) in enumerate(fast):
-                await register(c, f"dpu-b{i}", addr, pod="b", node=True)
+            await node_pod(c, [addr for _, _, addr in fast], "dpu-b", pod="b", prefix="10.0.2.0/24")
             t0 = asyncio.get_running_loop().time()
             await c.set_pod_cap("b", 40e6, 40e6, 1.0, 400_000)
             service = plane.service

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import cli, register, serve_in_process
+from conftest import cli, node_pod, register, serve_in_process
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from p4rt_helpers import A_HOST, B_HOST, udp
@@ -110,9 +110,7 @@ async def test_usage_per_dpu_beside_the_pods_totals(tmp_path: Path) -> None:
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            for i, (_, _, addr) in enumerate(served):
-                await register(c, f"node-{i}", addr, node=True)
+            await node_pod(c, [addr for _, _, addr in served], "node-")
             await c.set_pod_cap("a", 80e6, 80e6, 1.0, 100_000)
             await c.wait_converged(timeout=30)
             frame = udp(A_HOST, B_HOST, 958)  # 1000 bytes on the wire, out of node-0 only

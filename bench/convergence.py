@@ -21,15 +21,20 @@ What each figure includes:
   two meter cells (the values it already holds) and the Read a reconcile sends, prebuilt and sent
   over the control plane's own connections, all DPUs at once. It is what gRPC and the targets cost
   by themselves; converge_s / floor_s is what the control plane adds (taken after each change).
+- echo_s: the same two calls per DPU (a unary one, then a server-streaming one with one reply)
+  carrying the serialized requests as bytes to an echo service on the same servers, over the same
+  connections: no protobuf, no P4Runtime, no target. It is what gRPC in Python costs by itself on
+  both sides for this many calls on this machine (taken after each change, too).
 - baseline_s: p4runtime-shell (needs the environment tests/p4rt_shell/env.sh makes; otherwise
   nan) sending the same meter writes (both cells) to the same DPUs one DPU at a time, one write
   per request, without reading back: set up (connect, arbitrate, fetch the P4Info), write, tear
   down, next DPU; p4runtime-shell holds one connection at a time, so the connections are part of
   doing it one by one. The part spent in the writes alone is printed too (baseline_writes_s).
 
-Last lines: `dpus=N converge_s=... floor_s=... baseline_s=... baseline_writes_s=... ratio=...
-floor_ratio=...` (ratio = baseline_s / converge_s; floor_ratio = baseline_s / floor_s, the most any
-control plane on this transport could reach).
+Last lines: `dpus=N converge_s=... floor_s=... echo_s=... baseline_s=... baseline_writes_s=...
+ratio=... floor_ratio=... echo_ratio=...` (ratio = baseline_s / converge_s; floor_ratio =
+baseline_s / floor_s and echo_ratio = baseline_s / echo_s, the most any P4Runtime control plane,
+or any pair of Python gRPC peers at all, making these calls on this machine could reach).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ import finsy as fy
 import grpc
 from finsy.p4client import P4Client
 from finsy.proto import p4r, p4r_grpc
+from grpc.aio import UnaryStreamMultiCallable, UnaryUnaryMultiCallable
+from targets_host import ECHO_SERVICE
 
 from dpu_limiter import dataplane as dp
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
@@ -88,6 +95,7 @@ class Figures:
     plane_cpu: float  # the control plane's CPU seconds during that change
     host_cpu: float  # the targets' process's CPU seconds during that change
     floor: float  # the same calls with no control plane logic (median of ROUNDS)
+    echo: float  # as many gRPC calls to an echo service (median of ROUNDS)
 
 
 async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
@@ -119,7 +127,7 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
             os.kill(host_pid, signal.SIGUSR1)
             await asyncio.sleep(1.0)
             agents = [plane.service.agents[f"dpu-{i}"] for i in range(len(addresses))]
-            changes, cpus, floors = [], [], []
+            changes, cpus, floors, echoes = [], [], [], []
             for k in range(ROUNDS):
                 # Every share up from 0.5 to 1 Gbit/s, then down again, ... (the API takes pod caps up to 1.6 Tbit/s).
                 share = 1e9 if k % 2 == 0 else 0.5e9
@@ -132,11 +140,15 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
                 cpus.append((cpu_s(os.getpid()) - cpu[0], cpu_s(host_pid) - cpu[1]))
                 await verify(addresses, [a.intent_fn()[1].meters for a in agents])
                 floors.append(await bare_calls(agents))
+                echoes.append(await echo_calls(agents))
             k = changes.index(statistics.median_low(changes))
             change, (plane_cpu, host_cpu) = changes[k], cpus[k]
-            floor = statistics.median(floors)
-            print(f"dpus={n}: changes {fmt(changes)} s, bare calls {fmt(floors)} s", file=sys.stderr)
-            return Figures(first, change, plane_cpu, host_cpu, floor)
+            floor, echo = statistics.median(floors), statistics.median(echoes)
+            print(
+                f"dpus={n}: changes {fmt(changes)} s, bare calls {fmt(floors)} s, echo calls {fmt(echoes)} s",
+                file=sys.stderr,
+            )
+            return Figures(first, change, plane_cpu, host_cpu, floor, echo)
     finally:
         await plane.stop()
 
@@ -165,8 +177,8 @@ async def verify(addresses: list[str], meters: list[dict[int, MeterParams]]) -> 
     await asyncio.gather(*(check(a, m) for a, m in zip(addresses, meters, strict=True)))
 
 
-async def bare_calls(agents: list[DpuAgent]) -> float:
-    """Seconds for every DPU's Write (meters as held) and Read, prebuilt, over the agents' connections."""
+def prebuilt_calls(agents: list[DpuAgent]) -> list[tuple[P4Client, p4r.WriteRequest, p4r.ReadRequest]]:
+    """Each DPU's Write (meters as held) and Read as a reconcile sends them, with the agent's client."""
     calls = []
     for a in agents:
         assert a._codec is not None and a.switch._p4client is not None
@@ -181,10 +193,35 @@ async def bare_calls(agents: list[DpuAgent]) -> float:
         client._complete_request(write)  # the election id, as the agent's own writes get it
         read = p4r.ReadRequest(device_id=a.dpu.device_id, entities=a._codec.reads)
         calls.append((client, write, read))
+    return calls
+
+
+async def bare_calls(agents: list[DpuAgent]) -> float:
+    """Seconds for every DPU's Write (meters as held) and Read, prebuilt, over the agents' connections."""
+    calls = prebuilt_calls(agents)
 
     async def one(client: P4Client, write: p4r.WriteRequest, read: p4r.ReadRequest) -> None:
         await client.request(write)
         async for _ in client.request_iter(read):
+            pass
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(*c) for c in calls))
+    return time.monotonic() - t0
+
+
+async def echo_calls(agents: list[DpuAgent]) -> float:
+    """Seconds for the same two calls per DPU as bytes to the targets' echo service: gRPC by itself."""
+    calls = []
+    for client, write, read in prebuilt_calls(agents):
+        assert client.channel is not None
+        unary = client.channel.unary_unary(f"/{ECHO_SERVICE}/Unary")
+        stream = client.channel.unary_stream(f"/{ECHO_SERVICE}/Stream")
+        calls.append((unary, write.SerializeToString(), stream, read.SerializeToString()))
+
+    async def one(unary: UnaryUnaryMultiCallable, w: bytes, stream: UnaryStreamMultiCallable, r: bytes) -> None:
+        await unary(w)
+        async for _ in stream(r):
             pass
 
     t0 = time.monotonic()
@@ -232,13 +269,14 @@ def main() -> int:
         print(
             f"dpus={n}: first convergence {f.first:.2f} s, cap change converged in {f.change:.3f} s "
             f"(CPU: control plane {f.plane_cpu:.2f} s, targets {f.host_cpu:.2f} s), "
-            f"the bare calls {f.floor:.3f} s, "
+            f"the bare calls {f.floor:.3f} s, as many echo calls {f.echo:.3f} s, "
             f"p4runtime-shell one by one {base:.3f} s (of which writing {base_writes:.3f} s)",
             file=sys.stderr,
         )
         lines.append(
-            f"dpus={n} converge_s={f.change:.3f} floor_s={f.floor:.3f} baseline_s={base:.3f} "
-            f"baseline_writes_s={base_writes:.3f} ratio={base / f.change:.1f} floor_ratio={base / f.floor:.1f}"
+            f"dpus={n} converge_s={f.change:.3f} floor_s={f.floor:.3f} echo_s={f.echo:.3f} baseline_s={base:.3f} "
+            f"baseline_writes_s={base_writes:.3f} ratio={base / f.change:.1f} floor_ratio={base / f.floor:.1f} "
+            f"echo_ratio={base / f.echo:.1f}"
         )
     print("\n".join(lines))
     return 0

@@ -2,6 +2,9 @@
 
 python bench/targets_host.py N      # prints one JSON line: the targets' P4Runtime addresses
 
+Each server also answers an echo service (ECHO_SERVICE: Unary, and Stream with one reply) that
+returns the bytes it is sent: convergence.py times gRPC alone with it.
+
 SIGUSR1 (sent once the pipelines are installed) moves every object alive into the garbage
 collector's permanent generation: N pipelines are millions of long-lived objects, and a full
 collection over them stalls the process for seconds at a random moment.
@@ -14,10 +17,27 @@ import gc
 import json
 import signal
 import sys
+from collections.abc import AsyncIterator
 
 import grpc
 
 from p4sim.server import Device, add_to_server
+
+ECHO_SERVICE = "dpu_limiter.bench.Echo"
+
+
+async def _echo(request: bytes, context: object) -> bytes:
+    return request
+
+
+async def _echo_stream(request: bytes, context: object) -> AsyncIterator[bytes]:
+    yield request
+
+
+ECHO = grpc.method_handlers_generic_handler(
+    ECHO_SERVICE,
+    {"Unary": grpc.unary_unary_rpc_method_handler(_echo), "Stream": grpc.unary_stream_rpc_method_handler(_echo_stream)},
+)
 
 
 async def main(n: int) -> None:
@@ -27,6 +47,7 @@ async def main(n: int) -> None:
     for _ in range(n):
         server = grpc.aio.server()
         add_to_server(server, Device(1))
+        server.add_generic_rpc_handlers((ECHO,))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         servers.append(server)

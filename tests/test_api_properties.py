@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -39,16 +41,32 @@ prefixes = st.lists(
 async def _snapshot(c: LimiterClient) -> tuple[object, ...]:
     pods = (await c.stub.ListPods(pb.ListPodsRequest())).pods
     dpus = (await c.stub.ListDpus(pb.ListDpusRequest())).dpus
-    return (tuple(pods), tuple(dpus), (await c.get_pod_cap("a")).cap, (await c.status()).generation)
+    caps = []
+    for p in pods:
+        try:
+            caps.append((await c.get_pod_cap(p.name)).cap)
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.NOT_FOUND
+    return (tuple(pods), tuple(dpus), tuple(caps), (await c.status()).generation)
 
 
-async def _check(c: LimiterClient, call: object) -> None:
+def _names_a_field(details: str) -> bool:
+    return any(f in details for f in FIELDS)
+
+
+def _names_an_entry(details: str) -> bool:
+    """A batch's error starts with the entry at fault: pods[0], dpus[2], caps[1]."""
+    return re.match(r"^(pods|dpus|caps)\[\d+\]", details) is not None
+
+
+async def _check(c: LimiterClient, call: object, names_field: Callable[[str], bool] = _names_a_field) -> None:
+    """The call is done, or refused naming the field at fault with nothing stored changed."""
     before = await _snapshot(c)
     try:
         await call  # type: ignore[misc]
     except grpc.aio.AioRpcError as err:
         assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), err
-        assert any(f in (err.details() or "") for f in FIELDS), err.details()
+        assert names_field(err.details() or ""), err.details()
         assert await _snapshot(c) == before
 
 
@@ -113,5 +131,80 @@ def test_pods_and_dpus_any_values(
             uplink_port=uplink_port,
         )
         await _check(c, c.register_dpu(dpu))
+
+    _run(tmp_path, body)
+
+
+# Every DPU address a request may carry is invalid or on loopback: a stored DPU is dialled.
+addresses = st.sampled_from(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:0", "127.0.0.1:70000", "nowhere", "", "[::1]:1"])
+pods_pb = st.builds(pb.Pod, name=names, ipv4_prefixes=prefixes)
+dpus_pb = st.builds(
+    pb.Dpu,
+    name=names,
+    p4runtime_address=addresses,
+    device_id=st.integers(0, (1 << 64) - 1),
+    pod=names,
+    role=st.integers(0, 3),
+    host_port=st.integers(0, 600),
+    uplink_port=st.integers(0, 600),
+    buffer_bytes=st.integers(0, (1 << 64) - 1),
+)
+caps_pb = st.builds(
+    pb.PodCap,
+    pod=names,
+    cap=st.builds(
+        pb.Cap,
+        egress_bps=floats,
+        ingress_bps=floats,
+        window_s=floats,
+        burst_bytes=st.integers(0, (1 << 64) - 1),
+        rebalance=st.booleans(),
+        mode=st.integers(0, 2),
+    ),
+)
+stored = st.one_of(st.sampled_from(["a", "b", "b1"]), names)  # names that exist (some of the time)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pods=st.lists(pods_pb, max_size=3),
+    dpus=st.lists(dpus_pb, max_size=3),
+    caps=st.lists(caps_pb, max_size=3),
+    dry_run=st.booleans(),
+)
+def test_apply_any_batch(
+    tmp_path: Path, pods: list[pb.Pod], dpus: list[pb.Dpu], caps: list[pb.PodCap], dry_run: bool
+) -> None:
+    async def body(c: LimiterClient) -> None:
+        before = await _snapshot(c)
+        request = pb.ApplyRequest(pods=pods, dpus=dpus, caps=caps, dry_run=dry_run)
+        await _check(c, c.stub.Apply(request), _names_an_entry)
+        if dry_run:
+            assert await _snapshot(c) == before
+
+    _run(tmp_path, body)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pods=st.lists(stored, max_size=3),
+    dpus=st.lists(stored, max_size=3),
+    caps=st.lists(stored, max_size=3),
+    dry_run=st.booleans(),
+    missing_ok=st.booleans(),
+)
+def test_delete_any_names(
+    tmp_path: Path, pods: list[str], dpus: list[str], caps: list[str], dry_run: bool, missing_ok: bool
+) -> None:
+    async def body(c: LimiterClient) -> None:
+        # Pod b with a DPU, so that some deletes are refused for the DPUs a pod keeps.
+        await c.stub.Apply(
+            pb.ApplyRequest(
+                pods=[pb.Pod(name="b", ipv4_prefixes=["10.0.2.0/24"])],
+                dpus=[pb.Dpu(name="b1", p4runtime_address="127.0.0.1:1", device_id=1, pod="b")],
+            )
+        )
+        request = pb.DeleteRequest(pods=pods, dpus=dpus, caps=caps, dry_run=dry_run, missing_ok=missing_ok)
+        await _check(c, c.stub.Delete(request), _names_an_entry)
 
     _run(tmp_path, body)

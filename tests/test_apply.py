@@ -79,14 +79,95 @@ def test_dry_run_then_apply_then_nothing_to_do(tmp_path: Path, server: str) -> N
     assert "Mbit/s" in cli("apply", "-f", str(f), "--dry-run", "--server", server).stdout  # the readable table
 
 
-def test_changing_a_dpu_is_a_conflict_and_applies_nothing(tmp_path: Path, server: str) -> None:
+def test_changing_a_dpu_updates_it_in_place(tmp_path: Path, server: str) -> None:
     f = tmp_path / "m.yaml"
     f.write_text(MANIFEST)
     cli("apply", "-f", str(f), "--server", server)
-    f.write_text(MANIFEST.replace("device_id: 1", "device_id: 2").replace("egress: 1G", "egress: 3G"))
-    res = cli("apply", "-f", str(f), "--server", server)
-    assert res.returncode == 1 and "conflict" in res.stderr
+    f.write_text(MANIFEST.replace("device_id: 1", "device_id: 2"))
+    assert changes(cli("apply", "-f", str(f), "--json", "--server", server)) == [
+        ("unchanged", "pod", "a"),
+        ("unchanged", "pod", "b"),
+        ("update", "dpu", "dpu-a"),
+        ("unchanged", "cap", "a"),
+    ]
+    assert json.loads(cli("get", "dpus", "--json", "--server", server).stdout)[0]["device_id"] == "2"
+
+
+def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST)
+    cli("apply", "-f", str(f), "--server", server)
+    before = cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout
+    # A change to pod a's cap, then a cap and a DPU for pods that do not exist: the server refuses the
+    # whole file, naming the field, in a dry run too, and pod a's cap stays as it was.
+    bad = MANIFEST.replace("egress: 1G", "egress: 2G") + "  - {pod: nosuch, egress: 1G, ingress: 1G, window_s: 60}\n"
+    f.write_text(bad)
+    for dry in ([], ["--dry-run"]):
+        res = cli("apply", "-f", str(f), *dry, "--server", server)
+        assert res.returncode == 1, res.stdout
+        assert "caps[1].pod: unknown pod (got 'nosuch')" in res.stderr and str(f) in res.stderr
+    f.write_text(MANIFEST.replace("pod: a}", "pod: zz}").replace("egress: 1G", "egress: 2G"))
+    res = cli("apply", "-f", str(f), "--dry-run", "--server", server)
+    assert res.returncode == 1 and "dpus[0].pod: unknown pod" in res.stderr
     assert json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]["egress_bps"] == 1e9
+    assert cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout == before
+
+
+def test_a_file_is_stored_as_one_change(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST)
+    cli("apply", "-f", str(f), "--server", server)
+    records = json.loads(cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout)
+    assert [r["action"] for r in records] == ["apply-pod", "apply-pod", "register-dpu", "set-cap"]
+    assert {r["payload"]["generation"] for r in records} == {1}
+
+
+def test_delete_by_file_and_by_name(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST)
+    cli("apply", "-f", str(f), "--server", server)
+
+    def get(kind: str) -> list[str]:
+        return [o.get("name", o.get("pod")) for o in json.loads(cli("get", kind, "--json", "--server", server).stdout)]
+
+    # A pod goes only with its DPUs: refused whole, nothing deleted.
+    res = cli("delete", "pod", "a", "b", "--server", server)
+    assert res.returncode == 1 and "pods[0]: pod still has DPUs ['dpu-a']" in res.stderr
+    assert get("pods") == ["a", "b"]
+    res = cli("delete", "dpu", "nope", "--server", server)
+    assert res.returncode == 1 and "NOT_FOUND" in res.stderr and "'nope'" in res.stderr
+    assert changes(cli("delete", "dpu", "nope", "--ignore-not-found", "--json", "--server", server)) == []
+    # Dry run: says what would go, and changes nothing.
+    want = [("delete", "cap", "a"), ("delete", "dpu", "dpu-a"), ("delete", "pod", "a"), ("delete", "pod", "b")]
+    assert changes(cli("delete", "-f", str(f), "--dry-run", "--json", "--server", server)) == want
+    assert get("pods") == ["a", "b"] and get("caps") == ["a"]
+    assert changes(cli("delete", "cap", "a", "--json", "--server", server)) == [("delete", "cap", "a")]
+    assert get("caps") == [] and get("dpus") == ["dpu-a"]
+    assert changes(cli("delete", "-f", str(f), "--ignore-not-found", "--json", "--server", server)) == want[1:]
+    assert get("pods") == [] and get("dpus") == []
+    actions = [r["action"] for r in json.loads(cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout)]
+    assert actions[-4:] == ["delete-cap", "delete-dpu", "delete-pod", "delete-pod"]
+    assert cli("audit", "verify", "--db", str(tmp_path / "s.db")).returncode == 0
+    assert cli("delete", "--server", server).returncode == 2  # neither a file nor names
+
+
+def test_get_tables_put_every_value_under_its_column(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    # Pod a's cap sets mode (not rebalance), pod b's rebalance (not mode): their fields come in other orders.
+    f.write_text(
+        MANIFEST.replace("window_s: 60}", "window_s: 60, mode: window}")
+        + "  - {pod: b, egress: 1G, ingress: 1G, window_s: 60, rebalance: true}\n"
+    )
+    assert cli("apply", "-f", str(f), "--server", server).returncode == 0
+    lines = cli("get", "caps", "--server", server).stdout.splitlines()
+    header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")[1:-1]]
+    rows = {}
+    for line in lines:
+        if "│" in line:
+            cells = [c.strip() for c in line.split("│")[1:-1]]
+            rows[cells[0]] = dict(zip(header, cells, strict=True))
+    assert rows["a"]["mode"] == "CAP_MODE_WINDOW" and rows["a"]["rebalance"] == "False"
+    assert rows["b"]["mode"] == "CAP_MODE_RATE" and rows["b"]["rebalance"] == "True"
 
 
 def test_import_a_lab_topology(tmp_path: Path, server: str) -> None:
@@ -109,6 +190,11 @@ def test_import_a_lab_topology(tmp_path: Path, server: str) -> None:
         ("device_id: 1", "device_id: one", "dpus[0].device_id"),
         ("pod: a}", "pod: a, role: spine}", "dpus[0].role"),
         ("caps:", "capz:", "unknown keys ['capz']"),
+        ("window_s: 60}", "window_s: 60, burst: 5}", "caps[0].burst: unknown key"),
+        ("pod: a}", "pod: a, colour: red}", "dpus[0].colour: unknown key"),
+        ("[10.0.1.0/24]}", "[10.0.1.0/24], cap: 1G}", "pods[0].cap: unknown key"),
+        ("  - {pod: a,", "  - {pod: b, egress: 1G, ingress: 1G, window_s: 1}\n  - {pod: b,", "caps[1].pod: named"),
+        ("egress: 1G", "egress: 1Q", "caps[0].egress: cannot parse rate '1Q'"),
     ],
 )
 def test_bad_files_name_the_field(tmp_path: Path, old: str, new: str, message: str) -> None:

@@ -12,8 +12,8 @@ import grpc
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
-from .convert import ROLE_FROM_PB, cap_from_pb, cap_to_pb, dpu_to_pb, pod_to_pb
-from .models import Dpu, InvalidArgument, Pod
+from .convert import cap_from_pb, cap_to_pb, change_to_pb, dpu_from_pb, dpu_to_pb, pod_to_pb
+from .models import Cap, Change, InvalidArgument, Pod
 from .service import LimiterService, NotFound
 from .tls import role_of
 
@@ -81,22 +81,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         """Register a DPU."""
 
         async def run(actor: str) -> pb.Dpu:
-            d = request.dpu
-            if d.role not in ROLE_FROM_PB:
-                raise InvalidArgument("dpu.role", d.role, "unknown role")
-            dpu = Dpu.validated(
-                Dpu(
-                    d.name,
-                    d.p4runtime_address,
-                    d.device_id,
-                    d.pod,
-                    ROLE_FROM_PB[d.role],
-                    d.host_port,
-                    d.uplink_port if d.uplink_port or d.host_port else 1,
-                    d.buffer_bytes,
-                )
-            )
-            return dpu_to_pb(await self.service.register_dpu(dpu, actor))
+            return dpu_to_pb(await self.service.register_dpu(dpu_from_pb(request.dpu), actor))
 
         return await self._call(context, run, write=True)
 
@@ -110,16 +95,47 @@ class LimiterApi(pb_grpc.LimiterServicer):
         """Set a pod's cap."""
 
         async def run(actor: str) -> pb.PodCap:
-            if not request.HasField("cap"):
-                raise InvalidArgument("cap", None, "is required")
-            for fname in ("egress_bps", "ingress_bps", "window_s"):
-                if math.isnan(getattr(request.cap, fname)):
-                    raise InvalidArgument(f"cap.{fname}", "nan", "must be a number")
-            cap = cap_from_pb(request.cap)
-            stored = await self.service.set_cap(request.pod, cap, actor)
+            stored = await self.service.set_cap(request.pod, _cap(request), actor)
             return pb.PodCap(pod=request.pod, cap=cap_to_pb(stored))
 
         return await self._call(context, run, write=True)
+
+    async def Apply(self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext) -> pb.WriteResponse:  # type: ignore[type-arg]  # noqa: N802
+        """Create or update pods, DPUs and caps in one write."""
+
+        async def run(actor: str) -> pb.WriteResponse:
+            pods = [
+                (f"pods[{i}]", Pod.validated(p.name, list(p.ipv4_prefixes), f"pods[{i}]"))
+                for i, p in enumerate(request.pods)
+            ]
+            dpus = [(f"dpus[{i}]", dpu_from_pb(d, f"dpus[{i}]")) for i, d in enumerate(request.dpus)]
+            caps = [(f"caps[{i}].", c.pod, _cap(c, f"caps[{i}].")) for i, c in enumerate(request.caps)]
+            for kind, named in (("pods", [p.name for _, p in pods]), ("dpus", [d.name for _, d in dpus])):
+                _unique(kind, named)
+            _unique("caps", [c.pod for c in request.caps], ".pod")
+            changes = await self.service.apply(pods, dpus, caps, actor, request.dry_run)
+            return self._written(changes)
+
+        return await self._call(context, run, write=True)
+
+    async def Delete(self, request: pb.DeleteRequest, context: grpc.aio.ServicerContext) -> pb.WriteResponse:  # type: ignore[type-arg]  # noqa: N802
+        """Delete pods, DPUs and caps in one write."""
+
+        async def run(actor: str) -> pb.WriteResponse:
+            named = {}
+            for kind in ("pods", "dpus", "caps"):
+                names = list(getattr(request, kind))
+                _unique(kind, names)
+                named[kind] = [(f"{kind}[{i}]", n) for i, n in enumerate(names)]
+            changes = await self.service.delete(
+                named["pods"], named["dpus"], named["caps"], actor, request.dry_run, request.missing_ok
+            )
+            return self._written(changes)
+
+        return await self._call(context, run, write=True)
+
+    def _written(self, changes: list[Change]) -> pb.WriteResponse:
+        return pb.WriteResponse(changes=[change_to_pb(c) for c in changes], generation=self.service.state.generation)
 
     async def GetPodCap(self, request: pb.GetPodCapRequest, context: grpc.aio.ServicerContext) -> pb.PodCap:  # type: ignore[type-arg]  # noqa: N802
         """A pod's cap."""
@@ -180,6 +196,25 @@ class LimiterApi(pb_grpc.LimiterServicer):
                 )
             )
         return out
+
+
+def _cap(request: pb.SetPodCapRequest | pb.PodCap, prefix: str = "") -> Cap:
+    """A request's validated cap; errors name `prefix` + "cap.<field>"."""
+    if not request.HasField("cap"):
+        raise InvalidArgument(f"{prefix}cap", None, "is required")
+    for fname in ("egress_bps", "ingress_bps", "window_s"):
+        if math.isnan(getattr(request.cap, fname)):
+            raise InvalidArgument(f"{prefix}cap.{fname}", "nan", "must be a number")
+    return cap_from_pb(request.cap, f"{prefix}cap")
+
+
+def _unique(kind: str, names: list[str], suffix: str = "") -> None:
+    """Refuse a request that names one object twice (which of the two would win?)."""
+    first: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in first:
+            raise InvalidArgument(f"{kind}[{i}]{suffix}", n, f"named twice (also {kind}[{first[n]}])")
+        first[n] = i
 
 
 def add_to_server(server: grpc.aio.Server, service: LimiterService, mtls: bool = False) -> LimiterApi:

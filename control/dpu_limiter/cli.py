@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from dpu_lab.config import Scenario
 
     from ._proto.limiter.v1 import limiter_pb2 as pb
@@ -200,7 +202,15 @@ def _parser() -> argparse.ArgumentParser:
             a.add_argument("--anchor", help="a head hash seen earlier: also detect records cut off the end")
     ap_apply = sub.add_parser("apply", help="create or update pods, DPUs and caps from a file (or a lab topology)")
     ap_apply.add_argument("-f", "--file", type=Path, required=True, help="manifest or lab topology YAML")
-    ap_apply.add_argument("--dry-run", action="store_true", help="show the diff, change nothing")
+    ap_apply.add_argument("--dry-run", action="store_true", help="check it all and show the diff, change nothing")
+    ap_delete = sub.add_parser(
+        "delete", help="delete what a file names (its caps, DPUs and pods), or pods, DPUs or caps by name"
+    )
+    ap_delete.add_argument("-f", "--file", type=Path, help="manifest or lab topology YAML")
+    ap_delete.add_argument("kind", nargs="?", choices=["pod", "pods", "dpu", "dpus", "cap", "caps"])
+    ap_delete.add_argument("names", nargs="*", help="names of that kind (a cap is named by its pod)")
+    ap_delete.add_argument("--dry-run", action="store_true", help="check and show what would go, change nothing")
+    ap_delete.add_argument("--ignore-not-found", action="store_true", help="skip names that do not exist")
     get = sub.add_parser("get", help="list pods, DPUs or caps")
     get.add_argument("kind", choices=["pods", "dpus", "caps"])
     usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
@@ -209,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     usage.add_argument("--interval", type=float, default=1.0, help="seconds between samples with --watch")
     usage.add_argument("--per-dpu", action="store_true", help="each DPU's own counters too (a node's, with node DPUs)")
     sub.add_parser("status", help="whether every DPU holds the desired state")
-    for p in (cset, cget, usage, sub.choices["status"], ap_apply, get):
+    for p in (cset, cget, usage, sub.choices["status"], ap_apply, ap_delete, get):
         p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
         p.add_argument("--json", action="store_true", help="JSON output for scripts")
         p.add_argument("--tls-dir", type=Path, help="talk mutual TLS with DIR/ca.pem and your role's DIR/ROLE.pem/.key")
@@ -412,6 +422,8 @@ async def _client_cmd(args: argparse.Namespace) -> int:
             return await _watch_usage(c, args)
         if args.cmd == "apply":
             return await _apply(c, args)
+        if args.cmd == "delete":
+            return await _delete(c, args)
         if args.cmd == "get":
             return await _get(c, args)
         if args.cmd == "cap" and args.cap_cmd == "set":
@@ -436,12 +448,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
 
 
 async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from .apply import apply, plan_apply
+    from .apply import apply_request
     from .manifest import ManifestError, load_manifest
 
     try:
@@ -449,27 +456,71 @@ async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
     except ManifestError as exc:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2
-    changes = await plan_apply(c, manifest)
-    conflicts = [ch for ch in changes if ch.verb == "conflict"]
-    if args.json:
-        print(json.dumps({"dry_run": args.dry_run, "changes": [asdict(ch) for ch in changes]}, indent=2))
-    else:
-        t = Table("change", "kind", "name", "detail", title=f"{args.file}{' (dry run)' if args.dry_run else ''}")
-        colour = {"create": "green", "update": "yellow", "unchanged": "dim", "conflict": "red"}
-        for ch in changes:
-            t.add_row(f"[{colour[ch.verb]}]{ch.verb}[/]", ch.kind, ch.name, ch.detail)
-        Console().print(t)
-    if conflicts:
-        print(f"dpu-limiter: {len(conflicts)} conflict(s); nothing applied", file=sys.stderr)
+    try:
+        written = await c.stub.Apply(apply_request(manifest, args.dry_run))
+    except grpc.aio.AioRpcError as exc:  # nothing of the file was stored
+        print(f"dpu-limiter: {args.file}: {exc.code().name}: {exc.details()}; nothing applied", file=sys.stderr)
         return 1
-    if not args.dry_run:
-        await apply(c, manifest, changes)
+    _print_changes(written, f"{args.file}{' (dry run)' if args.dry_run else ''}", args)
     return 0
+
+
+async def _delete(c: LimiterClient, args: argparse.Namespace) -> int:
+    from ._proto.limiter.v1 import limiter_pb2 as api_pb
+    from .apply import delete_request
+    from .manifest import ManifestError, load_manifest
+
+    if (args.file is None) == (args.kind is None) or (args.kind is not None and not args.names):
+        print("dpu-limiter: delete: give either -f FILE or a kind (pod, dpu, cap) and names", file=sys.stderr)
+        return 2
+    if args.file is not None:
+        try:
+            request = delete_request(load_manifest(args.file), args.dry_run, args.ignore_not_found)
+        except ManifestError as exc:
+            print(f"dpu-limiter: {exc}", file=sys.stderr)
+            return 2
+        title = str(args.file)
+    else:
+        kind = args.kind.rstrip("s") + "s"
+        request = api_pb.DeleteRequest(dry_run=args.dry_run, missing_ok=args.ignore_not_found, **{kind: args.names})
+        title = f"{kind} {', '.join(args.names)}"
+    try:
+        written = await c.stub.Delete(request)
+    except grpc.aio.AioRpcError as exc:
+        print(f"dpu-limiter: {title}: {exc.code().name}: {exc.details()}; nothing deleted", file=sys.stderr)
+        return 1
+    _print_changes(written, f"{title}{' (dry run)' if args.dry_run else ''}", args)
+    return 0
+
+
+def _print_changes(written: pb.WriteResponse, title: str, args: argparse.Namespace) -> None:
+    from google.protobuf import json_format
+    from rich.table import Table
+
+    if args.json:
+        doc = json_format.MessageToDict(
+            written, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        doc["generation"] = written.generation
+        print(json.dumps({"dry_run": args.dry_run, **doc}, indent=2))
+        return
+    t = Table("change", "kind", "name", "detail", title=title)
+    colour = {"create": "green", "update": "yellow", "unchanged": "dim", "delete": "red"}
+    for ch in written.changes:
+        detail = f"{ch.before} -> {ch.after}" if ch.verb == "update" else ch.after or ch.before
+        t.add_row(f"[{colour.get(ch.verb, '')}]{ch.verb}[/]", ch.kind, ch.name, detail)
+    _console().print(t)
+
+
+def _console() -> Console:
+    """Rich's console; piped, as wide as the table needs (no 80-column cut of names and addresses)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=400)
 
 
 async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
     from google.protobuf import json_format
-    from rich.console import Console
     from rich.table import Table
 
     from ._proto.limiter.v1 import limiter_pb2 as api_pb
@@ -504,10 +555,12 @@ async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    t = Table(*(rows[0].keys() if rows else ["(none)"]))
+    # Every row under the first row's columns, by name (rows can list their fields in other orders).
+    columns = list(rows[0]) if rows else ["(none)"]
+    t = Table(*columns)
     for r in rows:
-        t.add_row(*(", ".join(map(str, v)) if isinstance(v, list) else str(v) for v in r.values()))
-    Console().print(t)
+        t.add_row(*(", ".join(map(str, v)) if isinstance(v, list) else str(v) for v in (r.get(k, "") for k in columns)))
+    _console().print(t)
     return 0
 
 
@@ -573,10 +626,9 @@ USAGE_COLUMNS = (
 
 
 def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     if cmd == "usage":
         t = Table(
             "pod",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
-from .models import Cap, Dpu, InvalidArgument, Pod, Role
+from .models import Cap, Change, Dpu, InvalidArgument, Pod, Role
 
 ROLE_FROM_PB = {
     pb.DPU_ROLE_UNSPECIFIED: Role.POD_UPLINK,
@@ -44,14 +44,54 @@ def cap_to_pb(cap: Cap) -> pb.Cap:
     )
 
 
-def cap_from_pb(c: pb.Cap) -> Cap:
+def cap_from_pb(c: pb.Cap, field_prefix: str = "cap") -> Cap:
     """Proto to validated model."""
     modes = {pb.CAP_MODE_RATE: "rate", pb.CAP_MODE_WINDOW: "window"}
     if c.mode not in modes:
-        raise InvalidArgument("cap.mode", c.mode, "unknown mode")
-    return Cap.validated(Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes, c.rebalance, modes[c.mode]))
+        raise InvalidArgument(f"{field_prefix}.mode", c.mode, "unknown mode")
+    cap = Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes, c.rebalance, modes[c.mode])
+    return Cap.validated(cap, field_prefix)
 
 
 def cap_mode(c: pb.Cap) -> str:
     """A proto cap's mode as the models name it."""
     return "window" if c.mode == pb.CAP_MODE_WINDOW else "rate"
+
+
+def dpu_from_pb(d: pb.Dpu, field_prefix: str = "dpu") -> Dpu:
+    """Proto to validated model (an unset uplink port, with an unset host port, means 1)."""
+    if d.role not in ROLE_FROM_PB:
+        raise InvalidArgument(f"{field_prefix}.role", d.role, "unknown role")
+    dpu = Dpu(
+        d.name,
+        d.p4runtime_address,
+        d.device_id,
+        d.pod,
+        ROLE_FROM_PB[d.role],
+        d.host_port,
+        d.uplink_port if d.uplink_port or d.host_port else 1,
+        d.buffer_bytes,
+    )
+    return Dpu.validated(dpu, field_prefix)
+
+
+def describe(obj: Pod | Dpu | Cap | None) -> str:
+    """An object's values in words, as the CLI's diff shows them."""
+    if obj is None:
+        return ""
+    if isinstance(obj, Pod):
+        return ", ".join(obj.ipv4_prefixes)
+    if isinstance(obj, Dpu):
+        return (
+            f"{obj.p4runtime_address} device {obj.device_id}, pod {obj.pod}, {obj.role.value}, "
+            f"ports host {obj.host_port} uplink {obj.uplink_port}, buffer {obj.buffer_bytes} B"
+        )
+    return (
+        f"{obj.mode} mode, egress {obj.egress_bps / 1e6:g} Mbit/s, ingress {obj.ingress_bps / 1e6:g} Mbit/s, "
+        f"window {obj.window_s:g} s, burst {obj.burst_bytes} B{', rebalance' if obj.rebalance else ''}"
+    )
+
+
+def change_to_pb(c: Change) -> pb.Change:
+    """Model to proto."""
+    return pb.Change(verb=c.verb, kind=c.kind, name=c.name, before=describe(c.before), after=describe(c.after))

@@ -93,20 +93,21 @@ def allowances(dpu: Dpu, cap: Cap) -> dict[str, int]:
     return {d: max(0, b - dpu.buffer_bytes) for d, b in figures.items()}
 
 
-def check_fits(dpu: Dpu, cap: Cap, what: str, blame_dpu: bool = False) -> None:
+def check_fits(dpu: Dpu, cap: Cap, what: str, dpu_field: str | None = None, cap_field: str = "cap") -> None:
     """Raise InvalidArgument when `dpu`'s buffer leaves less than one frame of `cap` (`what` names it).
 
-    The error names the DPU's buffer when `blame_dpu` (the DPU is what is being added), else the cap.
+    The error names the DPU's buffer (under `dpu_field`) when given (the DPU is what is being
+    written), else the cap's burst or window (under `cap_field`).
     """
     smallest = min(allowances(dpu, cap).values())
     if smallest < MAX_FRAME_BYTES:
         value: float
-        if blame_dpu:
-            field, value = "dpu.buffer_bytes", dpu.buffer_bytes
+        if dpu_field is not None:
+            field, value = f"{dpu_field}.buffer_bytes", dpu.buffer_bytes
         elif cap.mode == "window":
-            field, value = "cap.window_s", cap.window_s
+            field, value = f"{cap_field}.window_s", cap.window_s
         else:
-            field, value = "cap.burst_bytes", cap.burst_bytes
+            field, value = f"{cap_field}.burst_bytes", cap.burst_bytes
         raise InvalidArgument(
             field,
             value,

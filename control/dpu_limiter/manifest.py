@@ -41,6 +41,26 @@ def _items(doc: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
     return items
 
 
+# The keys each entry may have: a misspelt one (`burst:` for `burst_bytes:`) must not silently mean the default.
+POD_KEYS = {"name", "ipv4_prefixes"}
+DPU_KEYS = {"name", "p4runtime_address", "device_id", "pod", "role", "host_port", "uplink_port", "buffer_bytes"}
+CAP_KEYS = {"pod", "egress", "ingress", "window_s", "burst_bytes", "mode", "rebalance"}
+
+
+def _check_keys(item: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(item) - allowed, key=str)
+    if unknown:
+        raise InvalidArgument(f"{where}.{unknown[0]}", item[unknown[0]], f"unknown key (expected {sorted(allowed)})")
+
+
+def _no_repeat(names: list[str], kind: str, suffix: str = "") -> None:
+    first: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in first:
+            raise InvalidArgument(f"{kind}[{i}]{suffix}", n, f"named twice (also {kind}[{first[n]}])")
+        first[n] = i
+
+
 def _get(item: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
     if key in item:
         return item[key]
@@ -65,6 +85,8 @@ def load_manifest(path: Path) -> Manifest:
     try:
         for i, item in enumerate(_items(doc, "pods", path)):
             where = f"pods[{i}]"
+            if "subnet" not in item:  # a lab topology's pod has the lab's keys too, which the lab checks
+                _check_keys(item, POD_KEYS, where)
             name = _get(item, "name", where)
             prefixes = [item["subnet"]] if "subnet" in item else _get(item, "ipv4_prefixes", where)
             if not isinstance(prefixes, list):
@@ -72,6 +94,7 @@ def load_manifest(path: Path) -> Manifest:
             m.pods.append(Pod.validated(str(name), [str(p) for p in prefixes], where))
         for i, item in enumerate(_items(doc, "dpus", path)):
             where = f"dpus[{i}]"
+            _check_keys(item, DPU_KEYS, where)
             role = _get(item, "role", where, "pod-uplink")
             try:
                 role_v = Role(role)
@@ -88,15 +111,19 @@ def load_manifest(path: Path) -> Manifest:
                 _int(item, "buffer_bytes", where, 0),
             )
             m.dpus.append(Dpu.validated(dpu, where))
-        for i, item in enumerate(_items(doc, "caps", path)):
+        caps = _items(doc, "caps", path)
+        _no_repeat([str(item.get("pod")) for item in caps], "caps", ".pod")
+        for i, item in enumerate(caps):
             where = f"caps[{i}]"
+            _check_keys(item, CAP_KEYS, where)
             pod = str(_get(item, "pod", where))
             rates = {}
             for key in ("egress", "ingress"):
                 try:
                     rates[key] = parse_rate(_get(item, key, where), f"{where}.{key}")
                 except UnitError as exc:
-                    raise InvalidArgument(f"{where}.{key}", item.get(key), str(exc)) from None
+                    reason = str(exc).removeprefix(f"{where}.{key}: ")
+                    raise InvalidArgument(f"{where}.{key}", item.get(key), reason) from None
             window = item.get("window_s")
             if not isinstance(window, int | float) or isinstance(window, bool):
                 raise InvalidArgument(f"{where}.window_s", window, "must be a number of seconds")
@@ -113,6 +140,8 @@ def load_manifest(path: Path) -> Manifest:
                 str(mode),
             )
             m.caps[pod] = Cap.validated(cap, where)
+        _no_repeat([p.name for p in m.pods], "pods", ".name")
+        _no_repeat([d.name for d in m.dpus], "dpus", ".name")
     except InvalidArgument as exc:
         raise ManifestError(f"{path}: {exc}") from None
     return m

@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from .units import MAX_PI_BURST, UnitError, bps_to_bytes_per_s, check_burst, default_burst_bytes
 
@@ -164,6 +165,21 @@ class Cap:
         return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst), bool(cap.rebalance), cap.mode)
 
 
+Verb = Literal["create", "update", "unchanged", "delete"]
+Kind = Literal["pod", "dpu", "cap"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a write does (or, in a dry run, would do) to one stored object; a cap is named by its pod."""
+
+    verb: Verb
+    kind: Kind
+    name: str
+    before: Pod | Dpu | Cap | None = None
+    after: Pod | Dpu | Cap | None = None
+
+
 @dataclass
 class DesiredState:
     """Everything the control plane wants its DPUs to hold."""
@@ -172,3 +188,7 @@ class DesiredState:
     dpus: dict[str, Dpu] = field(default_factory=dict)
     caps: dict[str, Cap] = field(default_factory=dict)
     generation: int = 0
+
+    def copy(self) -> DesiredState:
+        """A copy whose dicts can be changed without touching this one's."""
+        return DesiredState(dict(self.pods), dict(self.dpus), dict(self.caps), self.generation)

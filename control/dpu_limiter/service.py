@@ -8,17 +8,21 @@ import ipaddress
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from . import dataplane as dp
 from . import shares
-from .models import Cap, DesiredState, Dpu, InvalidArgument, Pod, Role
+from .models import Cap, Change, DesiredState, Dpu, InvalidArgument, Kind, Pod, Role, Verb
 from .reconciler import ELECTION_ID, AgentStatus, Concurrency, DpuAgent, Slots
 from .store import Store
 from .tls import TlsFiles
 from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
+T = TypeVar("T")
+Obj = TypeVar("Obj", Pod, Dpu, Cap)
 
 
 class NotFound(LookupError):
@@ -217,18 +221,6 @@ class LimiterService:
         """The largest buffer after the meter among `nodes`."""
         return max((self.state.dpus[n].buffer_bytes for n in nodes), default=0)
 
-    @staticmethod
-    def _check_fits(cap: Cap | None, dpus: list[Dpu], blame_dpu: bool = False) -> None:
-        """Refuse a cap (or DPU set) under which some DPU's buffer would leave it less than one frame."""
-        if cap is None or cap.rebalance:  # rebalancing buckets leave room for buffers by construction
-            return
-        by_name = {d.name: d for d in dpus}
-        for layer in _layers(dpus):
-            split = shares.split(cap, layer)
-            what = "the pod's cap" if len(layer) == 1 else f"an equal share of the pod's cap ({len(layer)} DPUs)"
-            for n in layer:
-                dp.check_fits(by_name[n], split[n], what, blame_dpu)
-
     def _target(self, pod: str, nodes: list[str]) -> dict[str, Cap | None]:
         """What each DPU of one layer of `pod` should be granted: nothing, static equal shares, or by demand."""
         cap = self.state.caps.get(pod)
@@ -306,52 +298,136 @@ class LimiterService:
 
     async def apply_pod(self, pod: Pod, actor: str = "local") -> Pod:
         """Create or replace a pod (already validated); prefixes may not overlap another pod's."""
-        async with self._lock:
-            for other in self.state.pods.values():
-                if other.name == pod.name:
-                    continue
-                for i, p in enumerate(pod.ipv4_prefixes):
-                    net = ipaddress.IPv4Network(p)
-                    for q in other.ipv4_prefixes:
-                        if net.overlaps(ipaddress.IPv4Network(q)):
-                            raise InvalidArgument(f"pod.ipv4_prefixes[{i}]", p, f"overlaps {q} of pod {other.name!r}")
-            await asyncio.to_thread(self.store.put_pod, pod, actor)
-            self.state = await asyncio.to_thread(self.store.load)
-        self._poke_pod(pod.name)
+        await self.apply(pods=[("pod", pod)], actor=actor)
         return pod
 
     async def register_dpu(self, dpu: Dpu, actor: str = "local") -> Dpu:
         """Register a DPU (already validated) of a known pod; names and endpoints are unique."""
-        async with self._lock:
-            if dpu.pod not in self.state.pods:
-                raise InvalidArgument("dpu.pod", dpu.pod, "unknown pod; apply the pod first")
-            if dpu.name in self.state.dpus:
-                raise InvalidArgument("dpu.name", dpu.name, "a DPU with this name is already registered")
-            for other in self.state.dpus.values():
-                if (other.p4runtime_address, other.device_id) == (dpu.p4runtime_address, dpu.device_id):
-                    raise InvalidArgument(
-                        "dpu.p4runtime_address",
-                        dpu.p4runtime_address,
-                        f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
-                    )
-            members = [d for d in self.state.dpus.values() if d.pod == dpu.pod]
-            self._check_fits(self.state.caps.get(dpu.pod), [*members, dpu], blame_dpu=True)
-            await asyncio.to_thread(self.store.add_dpu, dpu, actor)
-            self.state = await asyncio.to_thread(self.store.load)
-            self._start_agent(dpu)
-        self._reshare(dpu.pod)
+        if dpu.name in self.state.dpus:
+            raise InvalidArgument("dpu.name", dpu.name, "a DPU with this name is already registered")
+        await self.apply(dpus=[("dpu", dpu)], actor=actor)
         return dpu
 
     async def set_cap(self, pod: str, cap: Cap, actor: str = "local") -> Cap:
         """Set a pod's cap (already validated)."""
-        async with self._lock:
-            if pod not in self.state.pods:
-                raise InvalidArgument("pod", pod, "unknown pod")
-            self._check_fits(cap, [d for d in self.state.dpus.values() if d.pod == pod])
-            await asyncio.to_thread(self.store.put_cap, pod, cap, actor)
-            self.state = await asyncio.to_thread(self.store.load)
-        self._reshare(pod)  # a cap reaches DPUs only as their shares of it
+        await self.apply(caps=[("", pod, cap)], actor=actor)
         return cap
+
+    async def apply(
+        self,
+        pods: Sequence[tuple[str, Pod]] = (),
+        dpus: Sequence[tuple[str, Dpu]] = (),
+        caps: Sequence[tuple[str, str, Cap]] = (),
+        actor: str = "local",
+        dry_run: bool = False,
+    ) -> list[Change]:
+        """Create or update pods, DPUs and caps as one write: all or none.
+
+        Each object comes validated, with the request field that named it (for a cap, the prefix
+        of its `pod` and `cap` fields: "" or "caps[3]."). They are checked together against the
+        state they would make (so a DPU may name a pod of the same write), and stored in one
+        transaction. A dry run only checks them and says what would change.
+        """
+        async with self._lock:
+            st = self.state.copy()
+            changes = [_change("pod", pod.name, st.pods.get(pod.name), pod) for _, pod in pods]
+            st.pods.update((pod.name, pod) for _, pod in pods)
+            changes += [_change("dpu", dpu.name, st.dpus.get(dpu.name), dpu) for _, dpu in dpus]
+            st.dpus.update((dpu.name, dpu) for _, dpu in dpus)
+            changes += [_change("cap", pod, st.caps.get(pod), cap) for _, pod, cap in caps]
+            st.caps.update((pod, cap) for _, pod, cap in caps)
+            _check_prefixes(st, pods)
+            _check_dpus(st, dpus)
+            for where, pod, _ in caps:
+                if pod not in st.pods:
+                    raise InvalidArgument(f"{where}pod", pod, "unknown pod")
+            # Every pod whose cap or DPUs change must leave each of its DPUs room for a frame.
+            # The error names the cap when the write sets it, else a DPU the write adds to the pod.
+            cap_fields = {pod: f"{where}cap" for where, pod, _ in caps}
+            for pod in {pod for _, pod, _ in caps} | {dpu.pod for _, dpu in dpus}:
+                members = [d for d in st.dpus.values() if d.pod == pod]
+                written = {dpu.name: where for where, dpu in dpus if dpu.pod == pod}
+                first = next(iter(written.values()), "dpu")
+                blamed = {} if pod in cap_fields else {d.name: written.get(d.name, first) for d in members}
+                _check_fits(st.caps.get(pod), members, cap_fields.get(pod, "cap"), blamed)
+            if not dry_run:
+                await self._commit(changes, actor)
+        return changes
+
+    async def delete(
+        self,
+        pods: Sequence[tuple[str, str]] = (),
+        dpus: Sequence[tuple[str, str]] = (),
+        caps: Sequence[tuple[str, str]] = (),
+        actor: str = "local",
+        dry_run: bool = False,
+        missing_ok: bool = False,
+    ) -> list[Change]:
+        """Delete pods, DPUs and caps (by name, each with the request field that named it) as one write.
+
+        A deleted DPU is no longer programmed: without renewals its lease lapses and it falls to its
+        floor. A pod goes with its cap, and only when none of its DPUs stays. Unknown names are an
+        error unless `missing_ok` (then they are left out of the changes).
+        """
+        async with self._lock:
+            st = self.state.copy()
+            changes: list[Change] = []
+
+            def known(table: dict[str, T], where: str, name: str, what: str) -> T | None:
+                if name not in table and not missing_ok:
+                    raise NotFound(f"{where}: {what} {name!r} does not exist")
+                return table.get(name)
+
+            for where, name in caps:
+                if (cap := known(st.caps, where, name, "no cap for pod")) is not None:
+                    changes.append(Change("delete", "cap", name, before=cap))
+                    del st.caps[name]
+            for where, name in dpus:
+                if (dpu := known(st.dpus, where, name, "DPU")) is not None:
+                    changes.append(Change("delete", "dpu", name, before=dpu))
+                    del st.dpus[name]
+            for where, name in pods:
+                if (pod := known(st.pods, where, name, "pod")) is None:
+                    continue
+                left = sorted(d.name for d in st.dpus.values() if d.pod == name)
+                if left:
+                    raise InvalidArgument(where, name, f"pod still has DPUs {left}; delete them first (or with it)")
+                if name in st.caps:
+                    changes.append(Change("delete", "cap", name, before=st.caps.pop(name)))
+                changes.append(Change("delete", "pod", name, before=pod))
+                del st.pods[name]
+            # Caps first, pods last: the store's references hold at every step.
+            changes.sort(key=lambda c: ("cap", "dpu", "pod").index(c.kind))
+            if not dry_run:
+                await self._commit(changes, actor)
+        return changes
+
+    async def _commit(self, changes: list[Change], actor: str) -> None:
+        """Store the changes, then set every agent and share they touch moving (under self._lock)."""
+        changes = [c for c in changes if c.verb != "unchanged"]
+        if not changes:
+            return
+        await asyncio.to_thread(self.store.commit, changes, actor)
+        self.state = await asyncio.to_thread(self.store.load)
+        pods: set[str] = set()
+        for c in changes:
+            if c.kind == "dpu":
+                # A changed DPU gets a new agent (a new connection with the new values); a deleted one none.
+                agent = self.agents.pop(c.name, None)
+                if agent is not None:
+                    await agent.stop()
+                self.shares.pop(c.name, None)
+                for d in (c.before, c.after):
+                    if isinstance(d, Dpu):
+                        pods.add(d.pod)
+                if isinstance(c.after, Dpu):
+                    self._start_agent(c.after)
+            elif c.kind == "pod" and c.verb != "delete":
+                self._poke_pod(c.name)
+            else:
+                pods.add(c.name)
+        for pod in pods & set(self.state.pods):
+            self._reshare(pod)  # a cap reaches DPUs only as their shares of it
 
     # ---------------------------------------------------------------- reads
 
@@ -476,6 +552,56 @@ def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, t
         spoofed_bytes=b("spoofed"),
         dpu=dpu,
     )
+
+
+def _change(kind: Kind, name: str, before: Obj | None, after: Obj) -> Change:
+    verb: Verb = "create" if before is None else "unchanged" if before == after else "update"
+    return Change(verb, kind, name, before, after)
+
+
+def _check_prefixes(st: DesiredState, pods: Sequence[tuple[str, Pod]]) -> None:
+    """No prefix of a written pod may overlap another pod's."""
+    for where, pod in pods:
+        for other in st.pods.values():
+            if other.name == pod.name:
+                continue
+            for i, p in enumerate(pod.ipv4_prefixes):
+                net = ipaddress.IPv4Network(p)
+                for q in other.ipv4_prefixes:
+                    if net.overlaps(ipaddress.IPv4Network(q)):
+                        raise InvalidArgument(f"{where}.ipv4_prefixes[{i}]", p, f"overlaps {q} of pod {other.name!r}")
+
+
+def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
+    """Every written DPU names a pod and has an endpoint (address and device id) of its own."""
+    for where, dpu in dpus:
+        if dpu.pod not in st.pods:
+            raise InvalidArgument(f"{where}.pod", dpu.pod, "unknown pod; apply the pod first")
+        for other in st.dpus.values():
+            if other.name != dpu.name and (other.p4runtime_address, other.device_id) == (
+                dpu.p4runtime_address,
+                dpu.device_id,
+            ):
+                raise InvalidArgument(
+                    f"{where}.p4runtime_address",
+                    dpu.p4runtime_address,
+                    f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
+                )
+
+
+def _check_fits(cap: Cap | None, dpus: list[Dpu], cap_field: str, dpu_fields: dict[str, str]) -> None:
+    """Refuse a cap (or DPU set) under which some DPU's buffer would leave it less than one frame.
+
+    The error names the DPU's buffer when that DPU is being written (in `dpu_fields`), else the cap.
+    """
+    if cap is None or cap.rebalance:  # rebalancing buckets leave room for buffers by construction
+        return
+    by_name = {d.name: d for d in dpus}
+    for layer in _layers(dpus):
+        split = shares.split(cap, layer)
+        what = "the pod's cap" if len(layer) == 1 else f"an equal share of the pod's cap ({len(layer)} DPUs)"
+        for n in layer:
+            dp.check_fits(by_name[n], split[n], what, dpu_fields.get(n), cap_field)
 
 
 def _layers(dpus: list[Dpu]) -> list[list[str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import audit
-from .models import Cap, DesiredState, Dpu, Pod, Role
+from .models import Cap, Change, DesiredState, Dpu, Pod, Role
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -57,17 +57,17 @@ class Store:
         """Close the database."""
         self._db.close()
 
-    def _write(
-        self, sql: str, params: tuple[object, ...], action: str, obj: str, payload: dict[str, Any], actor: str
-    ) -> int:
-        # The change and its audit record commit together, or not at all.
+    def commit(self, changes: list[Change], actor: str = "local") -> int:
+        """Store every change and its audit record in one transaction (all or none); returns the new generation."""
+        todo = [c for c in changes if c.verb != "unchanged"]
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                cur.execute(sql, params)
                 gen = self._bump(cur)
-                self._append_audit(cur, actor, action, obj, {**payload, "generation": gen})
+                for c in todo:
+                    action, obj, payload = _apply_change(cur, c)
+                    self._append_audit(cur, actor, action, obj, {**payload, "generation": gen})
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -99,63 +99,15 @@ class Store:
 
     def put_pod(self, pod: Pod, actor: str = "local") -> int:
         """Insert or replace a pod; returns the new generation."""
-        return self._write(
-            "INSERT INTO pods(name, ipv4_prefixes) VALUES (?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET ipv4_prefixes=excluded.ipv4_prefixes",
-            (pod.name, json.dumps(list(pod.ipv4_prefixes))),
-            "apply-pod",
-            f"pod/{pod.name}",
-            {"ipv4_prefixes": list(pod.ipv4_prefixes)},
-            actor,
-        )
+        return self.commit([Change("update", "pod", pod.name, after=pod)], actor)
 
     def add_dpu(self, dpu: Dpu, actor: str = "local") -> int:
         """Insert a DPU (sqlite3.IntegrityError if the name exists)."""
-        return self._write(
-            "INSERT INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                dpu.name,
-                dpu.p4runtime_address,
-                dpu.device_id,
-                dpu.pod,
-                dpu.role.value,
-                dpu.host_port,
-                dpu.uplink_port,
-                dpu.buffer_bytes,
-            ),
-            "register-dpu",
-            f"dpu/{dpu.name}",
-            {
-                "p4runtime_address": dpu.p4runtime_address,
-                "device_id": dpu.device_id,
-                "pod": dpu.pod,
-                "role": dpu.role.value,
-                "host_port": dpu.host_port,
-                "uplink_port": dpu.uplink_port,
-                "buffer_bytes": dpu.buffer_bytes,
-            },
-            actor,
-        )
+        return self.commit([Change("create", "dpu", dpu.name, after=dpu)], actor)
 
     def put_cap(self, pod: str, cap: Cap, actor: str = "local") -> int:
         """Insert or replace a pod's cap."""
-        return self._write(
-            "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (pod, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, int(cap.rebalance), cap.mode),
-            "set-cap",
-            f"pod/{pod}/cap",
-            {
-                "egress_bps": cap.egress_bps,
-                "ingress_bps": cap.ingress_bps,
-                "window_s": cap.window_s,
-                "burst_bytes": cap.burst_bytes,
-                "rebalance": cap.rebalance,
-                "mode": cap.mode,
-            },
-            actor,
-        )
+        return self.commit([Change("update", "cap", pod, after=cap)], actor)
 
     def load(self) -> DesiredState:
         """Read the whole desired state."""
@@ -177,6 +129,65 @@ class Store:
             row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             state.generation = int(row[0]) if row else 0
             return state
+
+
+def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, Any]]:
+    """Run one change's SQL; returns its audit action, object and payload."""
+    if c.verb == "delete":
+        table, key = {"pod": ("pods", "name"), "dpu": ("dpus", "name"), "cap": ("caps", "pod")}[c.kind]
+        cur.execute(f"DELETE FROM {table} WHERE {key}=?", (c.name,))
+        return f"delete-{c.kind}", _object(c.kind, c.name), {}
+    if isinstance(c.after, Pod):
+        prefixes = list(c.after.ipv4_prefixes)
+        cur.execute(
+            "INSERT INTO pods(name, ipv4_prefixes) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET ipv4_prefixes=excluded.ipv4_prefixes",
+            (c.name, json.dumps(prefixes)),
+        )
+        return "apply-pod", _object("pod", c.name), {"ipv4_prefixes": prefixes}
+    if isinstance(c.after, Dpu):
+        d = c.after
+        payload: dict[str, Any] = {
+            "p4runtime_address": d.p4runtime_address,
+            "device_id": d.device_id,
+            "pod": d.pod,
+            "role": d.role.value,
+            "host_port": d.host_port,
+            "uplink_port": d.uplink_port,
+            "buffer_bytes": d.buffer_bytes,
+        }
+        # A new DPU is inserted (a duplicate name fails the transaction); a changed one replaced.
+        verb = "INSERT" if c.verb == "create" else "INSERT OR REPLACE"
+        cur.execute(
+            f"{verb} INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (d.name, *payload.values()),
+        )
+        return ("register-dpu" if c.verb == "create" else "update-dpu"), _object("dpu", c.name), payload
+    assert isinstance(c.after, Cap)
+    cap = c.after
+    cur.execute(
+        "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (c.name, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, int(cap.rebalance), cap.mode),
+    )
+    return (
+        "set-cap",
+        _object("cap", c.name),
+        {
+            "egress_bps": cap.egress_bps,
+            "ingress_bps": cap.ingress_bps,
+            "window_s": cap.window_s,
+            "burst_bytes": cap.burst_bytes,
+            "rebalance": cap.rebalance,
+            "mode": cap.mode,
+        },
+    )
+
+
+def _object(kind: str, name: str) -> str:
+    """The audit log's name for an object (a cap is its pod's)."""
+    return f"pod/{name}/cap" if kind == "cap" else f"{kind}/{name}"
 
 
 def read_audit(path: Path | str) -> list[audit.AuditRecord]:

@@ -224,3 +224,21 @@ def test_the_readme_fleet_example_is_valid_and_applies(server: str, tmp_path: Pa
     assert {(kind, name) for _, kind, name in made} >= {("pod", "a"), ("dpu", "b-node02"), ("cap", "b")}
     again = changes(cli("apply", "-f", str(local), "--server", server, "--json"))
     assert all(verb == "unchanged" for verb, _, _ in again)
+
+
+def test_cap_set_keeps_what_it_is_not_given(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST.replace("window_s: 60}", "window_s: 60, mode: window}"))
+    cli("apply", "-f", str(f), "--server", server)
+    assert cli("cap", "set", "a", "--egress", "2G", "--ingress", "2G", "--server", server).returncode == 0
+    cap = json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]
+    assert (cap["egress_bps"], cap["window_s"], cap["mode"]) == (2e9, 60.0, "CAP_MODE_WINDOW")
+    assert "window mode" in cli("cap", "get", "a", "--server", server).stdout
+    res = cli(
+        "cap", "set", "a", "--egress", "2G", "--ingress", "2G", "--mode", "rate", "--window", "10", "--server", server
+    )
+    assert res.returncode == 0
+    cap = json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]
+    assert (cap["window_s"], cap["mode"]) == (10.0, "CAP_MODE_RATE")
+    res = cli("cap", "set", "b", "--egress", "1G", "--ingress", "1G", "--server", server)  # b has no cap yet
+    assert res.returncode == 2 and "--window" in res.stderr

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port, stop, wait_port
+
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dpu_limiter.cli", *args], capture_output=True, text=True, timeout=60)
@@ -49,10 +51,83 @@ def test_unreachable_server_is_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--max-installs", "0"), ("--max-reconciles", "-3"), ("--resync-s", "0"), ("--lease-s", "nan")]
+    ("flag", "value"),
+    [
+        ("--max-installs", "0"),
+        ("--max-reconciles", "-3"),
+        ("--resync-s", "0"),
+        ("--lease-s", "nan"),
+        ("--listen", "127.0.0.1:70000"),
+        ("--metrics-listen", "bogus"),
+    ],
 )
 def test_bad_serve_settings_name_the_flag(tmp_path: Path, flag: str, value: str) -> None:
     res = cli("serve", "--db", str(tmp_path / "s.db"), "--listen", "127.0.0.1:0", flag, value)
     assert res.returncode == 2
     assert flag in res.stderr and value in res.stderr
     assert not (tmp_path / "s.db").exists()  # refused before anything was opened
+
+
+def test_a_port_in_use_is_refused_not_shared(tmp_path: Path) -> None:
+    """A second control plane on a taken port must not share it (SO_REUSEPORT) and answer half the calls."""
+    port, metrics = free_port(), free_port()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(tmp_path / "1.db")]
+        + ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port, first)
+        wait_port(metrics, first)
+        res = cli("serve", "--db", str(tmp_path / "2.db"), "--listen", f"127.0.0.1:{port}")
+        assert res.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in res.stderr
+        res = cli(
+            "serve",
+            "--db",
+            str(tmp_path / "3.db"),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics}",
+        )
+        assert res.returncode == 2 and "metrics endpoint: cannot listen" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        stop(first)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cap", "set", "a", "--egress", "1G", "--ingress", "1G", "--burst", "-5"], "--burst"),
+        (["usage", "--watch", "--interval", "0"], "--interval"),
+        (["status", "--tls-dir", "/nonexistent"], "TLS CA /nonexistent/ca.pem"),
+    ],
+)
+def test_bad_client_flags_name_the_flag(args: list[str], message: str) -> None:
+    res = cli(*args, "--server", "127.0.0.1:1")
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_certs_keep_what_was_issued(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert cli("certs", "init", str(pki)).returncode == 0
+    ca = (pki / "ca.pem").read_bytes()
+    res = cli("certs", "init", str(pki))
+    assert res.returncode == 2 and "--force" in res.stderr and (pki / "ca.pem").read_bytes() == ca
+    for bad, message in (
+        (["../escape", "--role", "operator"], "name"),
+        (["x", "--role", "operator", "--days", "0"], "--days"),
+    ):
+        res = cli("certs", "issue", str(pki), *bad)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert not (tmp_path / "escape.pem").exists() and not (pki / "x.pem").exists()
+    # A DPU's server certificate from the same CA, for its P4Runtime server's TLS.
+    assert cli("certs", "issue", str(pki), "dpu-a", "--host", "127.0.0.1").returncode == 0
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((pki / "dpu-a.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert cli("certs", "init", str(pki), "--force").returncode == 0 and (pki / "ca.pem").read_bytes() != ca

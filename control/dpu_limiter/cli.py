@@ -159,11 +159,18 @@ def _parser() -> argparse.ArgumentParser:
     cinit.add_argument(
         "--host", action="append", default=[], help="server name or address (default 127.0.0.1, localhost); repeatable"
     )
-    cissue = certs.add_parser("issue", help="another client certificate from DIR's CA")
+    cinit.add_argument(
+        "--force", action="store_true", help="replace DIR's CA (certificates issued from it stop working)"
+    )
+    cissue = certs.add_parser(
+        "issue", help="another certificate from DIR's CA: a client's (--role) or a server's, e.g. a DPU's (--host)"
+    )
     cissue.add_argument("dir", type=Path)
     cissue.add_argument("name")
-    cissue.add_argument("--role", required=True, choices=["verifier", "operator"])
-    cissue.add_argument("--days", type=int, default=365)
+    who = cissue.add_mutually_exclusive_group(required=True)
+    who.add_argument("--role", choices=["verifier", "operator"], help="a client certificate with this role")
+    who.add_argument("--host", action="append", help="a server certificate for this name or address; repeatable")
+    cissue.add_argument("--days", type=int, default=365, help="validity, days (at least 1)")
 
     sub.add_parser(
         "target", help="run the embedded P4 target (simple_switch_grpc's options; --help for them)", add_help=False
@@ -172,22 +179,23 @@ def _parser() -> argparse.ArgumentParser:
     cap = sub.add_parser("cap", help="set or get a pod's cap").add_subparsers(
         dest="cap_cmd", required=True, metavar="CAP_COMMAND"
     )
-    cset = cap.add_parser("set", help="set a pod's cap (rates in bit/s: 20M, 1G, ...)")
+    cset = cap.add_parser(
+        "set", help="set a pod's cap (rates in bit/s: 20M, 1G, ...); window, mode and rebalance stay unless given"
+    )
     cset.add_argument("pod")
     cset.add_argument("--egress", required=True, help="rate out of the pod, bit/s (e.g. 1G)")
     cset.add_argument("--ingress", required=True, help="rate into the pod, bit/s")
-    cset.add_argument("--window", type=float, required=True, help="averaging window, seconds")
+    cset.add_argument("--window", type=float, help="averaging window, seconds (needed for a pod's first cap)")
     cset.add_argument("--burst", type=int, default=0, help="meter burst, bytes (default: 100 ms at the rate)")
     cset.add_argument(
         "--mode",
         choices=["rate", "window"],
-        default="rate",
-        help="rate: a two-rate meter (default); window: at most rate x window bytes in any window (exact, any size)",
+        help="rate: a two-rate meter (a first cap's default); window: at most rate x window bytes in any window",
     )
     cset.add_argument(
         "--rebalance",
-        action="store_true",
-        help="node placement: move unused share between the pod's nodes from measured usage",
+        action=argparse.BooleanOptionalAction,
+        help="node placement: move unused share between the pod's nodes from measured usage (or not)",
     )
     cget = cap.add_parser("get", help="show a pod's cap")
     cget.add_argument("pod")
@@ -262,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p4rt = args.p4runtime_tls_dir
         p4rt_tls = TlsFiles(p4rt / "ca.pem", p4rt / "verifier.pem", p4rt / "verifier.key") if p4rt else None
         try:
+            _check_listen("--listen", args.listen)
+            if args.metrics_listen:
+                _check_listen("--metrics-listen", args.metrics_listen)
             if not args.lease_s > 0:
                 raise ValueError(f"--lease-s: must be > 0 seconds, got {args.lease_s!r}")
             if not args.resync_s > 0:
@@ -284,15 +295,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                     Concurrency(args.max_installs, args.max_reconciles),
                 )
             )
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 2
         return 0
     try:
+        _check_client_args(args)
         return asyncio.run(_client_cmd(args))
+    except ValueError as exc:  # bad flags, or TLS files that cannot be read
+        print(f"dpu-limiter: {exc}", file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as exc:
         print(f"dpu-limiter: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
+
+
+def _check_client_args(args: argparse.Namespace) -> None:
+    """Flags the server would refuse anyway, refused here with the flag's name (ValueError)."""
+    if args.cmd == "cap" and args.cap_cmd == "set" and args.burst is not None and args.burst < 0:
+        raise ValueError(f"--burst: must be >= 0 bytes (0: the default), got {args.burst}")
+    if args.cmd == "usage" and args.watch and not 0.1 <= args.interval <= 3600:
+        raise ValueError(f"--interval: must be 0.1..3600 seconds, got {args.interval}")
+
+
+def _check_listen(flag: str, value: str) -> None:
+    """A host:port to listen on (port 0: any free one); ValueError names the flag."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{flag}: must be host:port with a port in 0..65535 (got {value!r})")
 
 
 def _lab_sweep(args: argparse.Namespace) -> int:
@@ -352,13 +382,31 @@ def _certs(args: argparse.Namespace) -> int:
     from . import tls
 
     if args.certs_cmd == "init":
+        if (args.dir / "ca.pem").exists() and not args.force:
+            print(
+                f"dpu-limiter: certs init: {args.dir / 'ca.pem'} exists, and certificates issued from it would stop "
+                "working; use `certs issue` for more, or --force to replace the CA",
+                file=sys.stderr,
+            )
+            return 2
         made = tls.init(args.dir, args.host or ["127.0.0.1", "localhost"])
         for name, files in made.items():
             print(f"{name}: {files.cert} (key {files.key})")
         print(f"CA: {args.dir / 'ca.pem'}")
         return 0
-    files = tls.issue(args.dir, args.name, args.role, days=args.days)
-    print(f"{args.name} ({args.role}): {files.cert} (key {files.key})")
+    from .models import InvalidArgument, check_name
+
+    try:
+        check_name("name", args.name)  # it names the files: no paths
+        if args.days < 1:
+            raise InvalidArgument("--days", args.days, "must be at least 1")
+        if not (args.dir / "ca.key").is_file():
+            raise InvalidArgument("dir", str(args.dir), "has no ca.key (make one with `certs init DIR`)")
+    except InvalidArgument as exc:
+        print(f"dpu-limiter: certs issue: {exc}", file=sys.stderr)
+        return 2
+    files = tls.issue(args.dir, args.name, args.role, hosts=args.host, days=args.days)
+    print(f"{args.name} ({args.role or 'server: ' + ', '.join(args.host)}): {files.cert} (key {files.key})")
     return 0
 
 
@@ -412,6 +460,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     from google.protobuf import json_format
 
     from .client import LimiterClient
+    from .convert import cap_mode
     from .tls import TlsFiles
     from .units import UnitError, parse_rate
 
@@ -432,7 +481,22 @@ async def _client_cmd(args: argparse.Namespace) -> int:
             except UnitError as exc:
                 print(f"dpu-limiter: {exc}", file=sys.stderr)
                 return 2
-            msg = await c.set_pod_cap(args.pod, egress, ingress, args.window, args.burst, args.rebalance, args.mode)
+            window, mode, rebalance = args.window, args.mode, args.rebalance
+            if None in (window, mode, rebalance):  # what is not given stays as the pod's cap has it
+                try:
+                    old: pb.Cap | None = (await c.get_pod_cap(args.pod)).cap
+                except grpc.aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    old = None
+                if window is None and old is None:
+                    print(f"dpu-limiter: --window: needed, pod {args.pod!r} has no cap yet", file=sys.stderr)
+                    return 2
+                if old is not None:
+                    window = old.window_s if window is None else window
+                    mode = cap_mode(old) if mode is None else mode
+                    rebalance = old.rebalance if rebalance is None else rebalance
+            msg = await c.set_pod_cap(args.pod, egress, ingress, window, args.burst, bool(rebalance), mode or "rate")
         elif args.cmd == "cap":
             msg = await c.get_pod_cap(args.pod)
         elif args.cmd == "usage":
@@ -673,7 +737,9 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
         console.print(
             f"pod {doc.get('pod')}: egress {float(cap.get('egress_bps', 0)) / 1e6:g} Mbit/s, "
             f"ingress {float(cap.get('ingress_bps', 0)) / 1e6:g} Mbit/s, window {cap.get('window_s')} s, "
-            f"burst {cap.get('burst_bytes', 0)} B"
+            f"burst {cap.get('burst_bytes', 0)} B, "
+            f"{'window' if cap.get('mode') == 'CAP_MODE_WINDOW' else 'rate'} mode"
+            f"{', rebalance' if cap.get('rebalance') else ''}"
         )
 
 

@@ -54,16 +54,22 @@ class ControlPlane:
             pipeline_check_s=pipeline_check_s,
             concurrency=concurrency,
         )
-        self.server = grpc.aio.server()
+        # No SO_REUSEPORT (gRPC's default): a second control plane on a taken port must fail, not
+        # share the port and answer every other request from its own state.
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api.add_to_server(self.server, self.service, mtls=tls is not None)
-        if tls is None:
-            self.port = self.server.add_insecure_port(listen)
-        else:
-            ca, cert, key = tls.read()
-            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
-            self.port = self.server.add_secure_port(listen, creds)
+        try:
+            if tls is None:
+                self.port = self.server.add_insecure_port(listen)
+            else:
+                ca, cert, key = tls.read()
+                creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+                self.port = self.server.add_secure_port(listen, creds)
+        except RuntimeError:  # gRPC's "Failed to bind"
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {listen}")
+            self.store.close()
+            raise OSError(f"cannot listen on {listen} (in use, or not an address of this host)")
         self.address = f"{listen.rpartition(':')[0]}:{self.port}"
         self.metrics_listen = metrics_listen
         self.metrics_interval_s = metrics_interval_s
@@ -74,7 +80,11 @@ class ControlPlane:
         await self.server.start()
         await self.service.start()
         if self.metrics_listen:
-            self.metrics = MetricsEndpoint(self.service, self.metrics_listen, self.metrics_interval_s)
+            try:
+                self.metrics = MetricsEndpoint(self.service, self.metrics_listen, self.metrics_interval_s)
+            except OSError as exc:
+                await self.stop()
+                raise OSError(f"metrics endpoint: cannot listen on {self.metrics_listen}: {exc.strerror}") from None
 
     async def stop(self) -> None:
         """Stop serving, stop the agents, close the store."""

@@ -122,7 +122,9 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
         await plane.stop()
 
 
-async def test_drift_is_corrected_and_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("renewed", [False, True])
+async def test_drift_is_corrected_and_reported(tmp_path: Path, renewed: bool) -> None:
+    """Also when a lease renewal (our own change) comes before the read-back that finds it."""
     async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
         assert (await c.status()).dpus[0].drift_corrections == 0
         # Someone changes the DPU behind the control plane's back: a crossing and a meter.
@@ -133,10 +135,12 @@ async def test_drift_is_corrected_and_reported(tmp_path: Path) -> None:
             0, 10**9, 10**9, 10**9, 10**9
         )
         agent = plane.service.agents["dpu-a"]
-        assert await agent.wait_applied(agent.poke(), timeout=30)  # the periodic resync, sooner
+        ticket = plane.service.renew_leases()["dpu-a"] if renewed else agent.poke()  # or the periodic resync
+        assert await agent.wait_applied(ticket, timeout=30)
         st = (await c.status()).dpus[0]
         assert st.drift_corrections == 1
         assert "1 crossings restored" in st.last_drift and "1 meter cells rewritten" in st.last_drift
+        assert "leases" not in st.last_drift  # the renewal is ours
         assert len(table.entries) == 2
         cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
         assert cfg == (2_500_000, 50_000, 2_500_000, 50_000)

@@ -80,6 +80,16 @@ class Intent:
     lease: tuple[int, int] | None = None  # (generation, lifetime in microseconds); None: no lease, the floor
 
 
+# The lists of a Plan that each part of an Intent gives rise to.
+PLAN_PARTS = {
+    "meters": ("meters",),
+    "windows": ("set_windows", "modify_windows", "delete_windows"),
+    "prefixes": ("delete_exemptions", "insert_exemptions"),
+    "boundary": ("insert_boundary", "modify_boundary", "delete_boundary"),
+    "lease": ("lease",),
+}
+
+
 def allowances(dpu: Dpu, cap: Cap) -> dict[str, int]:
     """Bytes beyond the rate that `dpu` may pass per direction: its bucket, or in window mode its budget.
 
@@ -393,6 +403,16 @@ class Codec:
             canon = canonical(te)
             hit = self._seen[raw] = (entry_key(canon), canon)
         return hit
+
+    def drift(self, applied: Intent, intent: Intent, held: Held) -> Plan:
+        """What the DPU no longer holds of `applied` (the intent it last confirmed holding), in the
+        parts that `intent` has not moved since: the rest, a lease renewed or a cap changed, are our
+        own changes, not drift."""
+        moved = [f for part, fs in PLAN_PARTS.items() if getattr(intent, part) != getattr(applied, part) for f in fs]
+        drift = self.plan(applied, held)
+        for f in moved:
+            setattr(drift, f, [])
+        return drift
 
     def plan(self, intent: Intent, held: Held) -> Plan:
         """Diff the intent against what the DPU holds.

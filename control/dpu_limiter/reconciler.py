@@ -315,13 +315,18 @@ class DpuAgent:
             if not p.changes and confirmed:
                 break
             if p.changes:
-                if confirmed and intent == self._applied_intent:
-                    # Nothing we asked for changed, yet the DPU differs: someone else (or a restart) changed it.
+                # Drift: as read back, the DPU no longer holds what it last confirmed holding: someone else
+                # (or a restart) changed it. What our own intent changed since (a lease renewal, a new
+                # cap) is not drift, so the diff is taken against the last applied intent.
+                applied = self._applied_intent
+                drift = None if not confirmed or applied is None else codec.drift(applied, intent, held)
+                if drift is not None and drift.changes:
                     self.status.drift_corrections += 1
-                    self.status.last_drift = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: {p.describe()}"
-                    LOG.warning("%s: drift corrected: %s", self.dpu.name, p.describe())
+                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    self.status.last_drift = f"{when}: {drift.describe()}"
+                    LOG.warning("%s: drift corrected: %s", self.dpu.name, drift.describe())
                 else:
-                    LOG.info("%s: %d updates", self.dpu.name, p.changes)
+                    LOG.debug("%s: %d updates", self.dpu.name, p.changes)
                 for batch in p.batches():
                     await sw.write(batch)
             held = await self._read_back(sw, codec)

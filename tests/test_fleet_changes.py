@@ -4,13 +4,17 @@ address and let go at its old one; a deleted DPU is let go (its lease then lapse
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
+from finsy.proto import p4r, p4r_grpc
 
-from conftest import register, serve_in_process
+from conftest import free_port, register, serve_in_process
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.reconciler import ELECTION_ID
 from dpu_limiter.server import ControlPlane
 from p4sim.server import Device, P4RuntimeService
 
@@ -60,3 +64,61 @@ async def test_a_dpu_changed_in_place_then_deleted(tmp_path: Path) -> None:
         await plane.stop()
         await old_server.stop(grace=0)
         await new_server.stop(grace=0)
+
+
+async def test_an_old_connection_still_held_does_not_cost_the_election_id(tmp_path: Path) -> None:
+    """The target may still hold the control plane's previous stream (it has not yet seen it close)
+    when the agent connects again: the agent waits for it to go and keeps the highest election id,
+    instead of bidding lower and serving as a backup (or under an id another controller could top)."""
+    device, server, addr = await serve_in_process()
+    stale_open, release = asyncio.Event(), asyncio.Event()
+
+    async def stale_requests() -> AsyncIterator[p4r.StreamMessageRequest]:
+        arb = p4r.MasterArbitrationUpdate(device_id=1, election_id=p4r.Uint128(high=0, low=ELECTION_ID))
+        yield p4r.StreamMessageRequest(arbitration=arb)
+        await release.wait()
+
+    async def stale() -> None:
+        async with grpc.aio.insecure_channel(addr) as channel:
+            call = p4r_grpc.P4RuntimeStub(channel).StreamChannel(stale_requests())  # type: ignore[no-untyped-call]
+            async for reply in call:
+                assert reply.arbitration.status.code == 0  # primary, as our old connection was
+                stale_open.set()
+                await release.wait()
+                call.cancel()
+                return
+
+    holder = asyncio.create_task(stale())
+    await asyncio.wait_for(stale_open.wait(), 10)
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "dpu-a", addr)
+            await asyncio.sleep(1.5)  # the agent meets the old stream's election id in use
+            assert not (await c.status()).dpus[0].converged
+            release.set()
+            await holder
+            await c.wait_converged(timeout=30)
+            (service,) = [s for s in device.listeners if isinstance(s, P4RuntimeService)]
+            assert [s.election_id for s in service.streams] == [ELECTION_ID]
+            assert plane.service.agents["dpu-a"].switch.is_primary
+    finally:
+        await plane.stop()
+        await server.stop(grace=0)
+
+
+async def test_a_dpu_that_does_not_answer_says_so_in_status(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            closed = f"127.0.0.1:{free_port()}"
+            await register(c, "dpu-a", closed)
+            await asyncio.sleep(1.2)
+            (st,) = (await c.status()).dpus
+            assert not st.connected and st.last_error.startswith(f"no connection to {closed} for ")
+    finally:
+        await plane.stop()

@@ -71,13 +71,28 @@ class Slots:
 class _Switch(fy.Switch):  # type: ignore[misc]
     """finsy's Switch, pushing its pipeline (on connecting, when the cookie differs) in an install slot."""
 
-    def __init__(self, name: str, address: str, options: fy.SwitchOptions, slots: Slots) -> None:
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        options: fy.SwitchOptions,
+        slots: Slots,
+        on_failure: Callable[[Exception], None],
+    ) -> None:
         super().__init__(name, address, options)
         self.slots = slots
+        self.on_failure = on_failure
 
     async def _set_pipeline(self) -> None:
         async with self.slots.installs:
             await super()._set_pipeline()
+
+    async def _run(self) -> None:
+        try:
+            await super()._run()
+        except Exception as exc:  # finsy logs it and connects again: the agent's status says why meanwhile
+            self.on_failure(exc)
+            raise
 
 
 @dataclass
@@ -133,8 +148,12 @@ class DpuAgent:
             if tls is None
             else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
         )
-        self.switch: fy.Switch = _Switch(dpu.name, dpu.p4runtime_address, opts, self.slots)
+        self.switch: fy.Switch = _Switch(dpu.name, dpu.p4runtime_address, opts, self.slots, self._failed)
         self._task: asyncio.Task[None] | None = None
+        self.down_since = time.monotonic()  # when the agent last had no connection (started, or lost it)
+
+    def _failed(self, exc: Exception) -> None:
+        self.status.last_error = f"connection: {exc}"
 
     def start(self) -> None:
         """Start the agent's task."""
@@ -230,6 +249,7 @@ class DpuAgent:
             self.status.connected = False
             self.status.primary = False
             self.status.converged = False
+            self.down_since = time.monotonic()
 
     def _pipeline_check_due(self) -> bool:
         """Whether the periodic pipeline hash is due (reads can succeed on another program with the

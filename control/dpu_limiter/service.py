@@ -446,6 +446,12 @@ class LimiterService:
         gen = self.state.generation
         for name, a in self.agents.items():
             st = a.status
+            if not st.connected and not st.last_error:
+                # gRPC retries a refused connection or a failed TLS handshake quietly: say so, at least.
+                waited = time.monotonic() - a.down_since
+                st = dataclasses.replace(
+                    st, last_error=f"no connection to {a.dpu.p4runtime_address} for {waited:.0f} s"
+                )
             if self.resharing(a.dpu.pod):
                 st = dataclasses.replace(st, converged=False)
             elif st.generation_applied < gen and a.holds(gen):

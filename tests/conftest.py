@@ -223,6 +223,19 @@ async def serve_in_process() -> tuple[Device, grpc.aio.Server, str]:
 
 
 @contextlib.asynccontextmanager
+async def plane_with_pod(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, LimiterClient]]:
+    """A control plane on loopback (state in `tmp_path`) and a client of it, with pod a (10.0.1.0/24)."""
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            yield plane, c
+    finally:
+        await plane.stop()
+
+
+@contextlib.asynccontextmanager
 async def programmed_target(
     tmp_path: Path, cap: tuple[float, float, float, int], buffer_bytes: int = 0
 ) -> AsyncIterator[tuple[Device, ControlPlane, LimiterClient]]:

@@ -11,11 +11,9 @@ import grpc
 import pytest
 from finsy.proto import p4r, p4r_grpc
 
-from conftest import free_port, register, serve_in_process
+from conftest import free_port, plane_with_pod, register, serve_in_process
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
-from dpu_limiter.client import LimiterClient
 from dpu_limiter.reconciler import ELECTION_ID
-from dpu_limiter.server import ControlPlane
 from p4sim.server import Device, P4RuntimeService
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,11 +33,8 @@ async def until(check: object, timeout: float = 20.0) -> None:
 
 async def test_a_dpu_changed_in_place_then_deleted(tmp_path: Path) -> None:
     (old, old_server, old_addr), (new, new_server, new_addr) = await serve_in_process(), await serve_in_process()
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
-    await plane.start()
     try:
-        async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
+        async with plane_with_pod(tmp_path) as (plane, c):
             await register(c, "dpu-a", old_addr)
             await c.set_pod_cap("a", 1e9, 1e9, 60.0)
             await c.wait_converged(timeout=30)
@@ -61,7 +56,6 @@ async def test_a_dpu_changed_in_place_then_deleted(tmp_path: Path) -> None:
             await c.wait_converged(timeout=30)
             assert controllers(old) == 1
     finally:
-        await plane.stop()
         await old_server.stop(grace=0)
         await new_server.stop(grace=0)
 
@@ -90,11 +84,8 @@ async def test_an_old_connection_still_held_does_not_cost_the_election_id(tmp_pa
 
     holder = asyncio.create_task(stale())
     await asyncio.wait_for(stale_open.wait(), 10)
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
-    await plane.start()
     try:
-        async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
+        async with plane_with_pod(tmp_path) as (plane, c):
             await register(c, "dpu-a", addr)
             await asyncio.sleep(1.5)  # the agent meets the old stream's election id in use
             assert not (await c.status()).dpus[0].converged
@@ -105,20 +96,13 @@ async def test_an_old_connection_still_held_does_not_cost_the_election_id(tmp_pa
             assert [s.election_id for s in service.streams] == [ELECTION_ID]
             assert plane.service.agents["dpu-a"].switch.is_primary
     finally:
-        await plane.stop()
         await server.stop(grace=0)
 
 
 async def test_a_dpu_that_does_not_answer_says_so_in_status(tmp_path: Path) -> None:
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
-    await plane.start()
-    try:
-        async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            closed = f"127.0.0.1:{free_port()}"
-            await register(c, "dpu-a", closed)
-            await asyncio.sleep(1.2)
-            (st,) = (await c.status()).dpus
-            assert not st.connected and st.last_error.startswith(f"no connection to {closed} for ")
-    finally:
-        await plane.stop()
+    async with plane_with_pod(tmp_path) as (_, c):
+        closed = f"127.0.0.1:{free_port()}"
+        await register(c, "dpu-a", closed)
+        await asyncio.sleep(1.2)
+        (st,) = (await c.status()).dpus
+        assert not st.connected and st.last_error.startswith(f"no connection to {closed} for ")

@@ -66,12 +66,12 @@ def test_dry_run_then_apply_then_nothing_to_do(tmp_path: Path, server: str) -> N
     assert caps == [
         {
             "pod": "a",
-            "egress_bps": 1e9,
-            "ingress_bps": 5e8,
+            "egress": 1e9,
+            "ingress": 5e8,
             "window_s": 60.0,
-            "burst_bytes": "12500000",
+            "burst_bytes": 12500000,
+            "mode": "rate",
             "rebalance": False,
-            "mode": "CAP_MODE_RATE",
         }
     ]
     f.write_text(MANIFEST.replace("egress: 1G", "egress: 2G"))
@@ -90,7 +90,7 @@ def test_changing_a_dpu_updates_it_in_place(tmp_path: Path, server: str) -> None
         ("update", "dpu", "dpu-a"),
         ("unchanged", "cap", "a"),
     ]
-    assert json.loads(cli("get", "dpus", "--json", "--server", server).stdout)[0]["device_id"] == "2"
+    assert json.loads(cli("get", "dpus", "--json", "--server", server).stdout)[0]["device_id"] == 2
 
 
 def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, server: str) -> None:
@@ -109,7 +109,7 @@ def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, server: s
     f.write_text(MANIFEST.replace("pod: a}", "pod: zz}").replace("egress: 1G", "egress: 2G"))
     res = cli("apply", "-f", str(f), "--dry-run", "--server", server)
     assert res.returncode == 1 and "dpus[0].pod: unknown pod" in res.stderr
-    assert json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]["egress_bps"] == 1e9
+    assert json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]["egress"] == 1e9
     assert cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout == before
 
 
@@ -166,8 +166,8 @@ def test_get_tables_put_every_value_under_its_column(tmp_path: Path, server: str
         if "│" in line:
             cells = [c.strip() for c in line.split("│")[1:-1]]
             rows[cells[0]] = dict(zip(header, cells, strict=True))
-    assert rows["a"]["mode"] == "CAP_MODE_WINDOW" and rows["a"]["rebalance"] == "False"
-    assert rows["b"]["mode"] == "CAP_MODE_RATE" and rows["b"]["rebalance"] == "True"
+    assert rows["a"]["mode"] == "window" and rows["a"]["rebalance"] == "False" and rows["a"]["egress"] == "1G"
+    assert rows["b"]["mode"] == "rate" and rows["b"]["rebalance"] == "True"
 
 
 def test_import_a_lab_topology(tmp_path: Path, server: str) -> None:
@@ -232,13 +232,27 @@ def test_cap_set_keeps_what_it_is_not_given(tmp_path: Path, server: str) -> None
     cli("apply", "-f", str(f), "--server", server)
     assert cli("cap", "set", "a", "--egress", "2G", "--ingress", "2G", "--server", server).returncode == 0
     cap = json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]
-    assert (cap["egress_bps"], cap["window_s"], cap["mode"]) == (2e9, 60.0, "CAP_MODE_WINDOW")
+    assert (cap["egress"], cap["window_s"], cap["mode"]) == (2e9, 60.0, "window")
     assert "window mode" in cli("cap", "get", "a", "--server", server).stdout
     res = cli(
         "cap", "set", "a", "--egress", "2G", "--ingress", "2G", "--mode", "rate", "--window", "10", "--server", server
     )
     assert res.returncode == 0
     cap = json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]
-    assert (cap["window_s"], cap["mode"]) == (10.0, "CAP_MODE_RATE")
+    assert (cap["window_s"], cap["mode"]) == (10.0, "rate")
     res = cli("cap", "set", "b", "--egress", "1G", "--ingress", "1G", "--server", server)  # b has no cap yet
     assert res.returncode == 2 and "--window" in res.stderr
+
+
+def test_get_all_is_a_manifest_apply_takes_back(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST)
+    cli("apply", "-f", str(f), "--server", server)
+    dump = tmp_path / "dump.json"
+    dump.write_text(cli("get", "all", "--json", "--server", server).stdout)
+    assert all(v == "unchanged" for v, _, _ in changes(cli("apply", "-f", str(dump), "--json", "--server", server)))
+    doc = json.loads(dump.read_text())
+    doc["caps"][0]["egress"] = 3e9
+    dump.write_text(json.dumps(doc))
+    assert ("update", "cap", "a") in changes(cli("apply", "-f", str(dump), "--json", "--server", server))
+    assert "3G" in cli("get", "all", "--server", server).stdout

@@ -13,6 +13,7 @@ from dpu_limiter.units import (
     cap_meter,
     check_burst,
     default_burst_bytes,
+    format_rate,
     parse_rate,
 )
 
@@ -80,3 +81,10 @@ def test_parse_rate(text: str | int, value: float) -> None:
 def test_parse_rate_rejects(text: str) -> None:
     with pytest.raises(UnitError, match="--egress"):
         parse_rate(text, "--egress")
+
+
+@pytest.mark.parametrize(
+    ("rate", "text"), [(1e9, "1G"), (2.5e6, "2.5M"), (500.0, "500"), (1.6e12, "1.6T"), (8e3, "8k")]
+)
+def test_format_rate_reads_back(rate: float, text: str) -> None:
+    assert format_rate(rate) == text and parse_rate(text) == rate

@@ -220,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     ap_delete.add_argument("--dry-run", action="store_true", help="check and show what would go, change nothing")
     ap_delete.add_argument("--ignore-not-found", action="store_true", help="skip names that do not exist")
     get = sub.add_parser("get", help="list pods, DPUs or caps")
-    get.add_argument("kind", choices=["pods", "dpus", "caps"])
+    get.add_argument("kind", choices=["pods", "dpus", "caps", "all"], help="all: a manifest apply -f takes back")
     usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
     usage.add_argument("--pod", default="")
     usage.add_argument("--watch", action="store_true", help="keep showing rates (bit/s) until Ctrl-C")
@@ -584,48 +584,52 @@ def _console() -> Console:
 
 
 async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
-    from google.protobuf import json_format
+    """Stored objects as manifest entries: `get all --json` is a file `apply -f` takes back."""
     from rich.table import Table
 
     from ._proto.limiter.v1 import limiter_pb2 as api_pb
+    from .convert import cap_from_pb, dpu_from_pb
+    from .manifest import cap_entry, dpu_entry, pod_entry
+    from .models import Pod
 
-    rows: list[dict[str, object]] = []
-    if args.kind == "pods":
-        rows = [
-            {"name": p.name, "ipv4_prefixes": list(p.ipv4_prefixes)}
-            for p in (await c.stub.ListPods(api_pb.ListPodsRequest())).pods
-        ]
-    elif args.kind == "dpus":
-        rows = [
-            json_format.MessageToDict(d, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-            for d in (await c.stub.ListDpus(api_pb.ListDpusRequest())).dpus
-        ]
-    else:
-        for p in (await c.stub.ListPods(api_pb.ListPodsRequest())).pods:
+    pods = (await c.stub.ListPods(api_pb.ListPodsRequest())).pods
+    doc: dict[str, list[dict[str, object]]] = {}
+    if args.kind in ("pods", "all"):
+        doc["pods"] = [pod_entry(Pod(p.name, tuple(p.ipv4_prefixes))) for p in pods]
+    if args.kind in ("dpus", "all"):
+        doc["dpus"] = [dpu_entry(dpu_from_pb(d)) for d in (await c.stub.ListDpus(api_pb.ListDpusRequest())).dpus]
+    if args.kind in ("caps", "all"):
+        doc["caps"] = []
+        for p in pods:
             try:
                 cap = (await c.get_pod_cap(p.name)).cap
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.NOT_FOUND:
                     raise
                 continue
-            rows.append(
-                {
-                    "pod": p.name,
-                    **json_format.MessageToDict(
-                        cap, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-                    ),
-                }
-            )
+            doc["caps"].append(cap_entry(p.name, cap_from_pb(cap)))
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(doc if args.kind == "all" else doc[args.kind], indent=2))
         return 0
-    # Every row under the first row's columns, by name (rows can list their fields in other orders).
-    columns = list(rows[0]) if rows else ["(none)"]
-    t = Table(*columns)
-    for r in rows:
-        t.add_row(*(", ".join(map(str, v)) if isinstance(v, list) else str(v) for v in (r.get(k, "") for k in columns)))
-    _console().print(t)
+    for kind, rows in doc.items():
+        # Every row under the first row's columns, by name.
+        columns = list(rows[0]) if rows else ["(none)"]
+        t = Table(*columns, title=kind if args.kind == "all" else None)
+        for r in rows:
+            t.add_row(*(_cell(k, r.get(k, "")) for k in columns))
+        _console().print(t)
     return 0
+
+
+def _cell(column: str, v: object) -> str:
+    """A table cell: lists joined, rates as the files write them (1G)."""
+    from .units import format_rate
+
+    if isinstance(v, list):
+        return ", ".join(map(str, v))
+    if column in ("egress", "ingress") and isinstance(v, float):
+        return format_rate(v)
+    return str(v)
 
 
 async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:

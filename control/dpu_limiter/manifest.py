@@ -154,3 +154,35 @@ def _int(item: dict[str, Any], key: str, where: str, default: int | None) -> int
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidArgument(f"{where}.{key}", value, "must be an integer")
     return value
+
+
+def pod_entry(p: Pod) -> dict[str, Any]:
+    """A pod as a manifest's `pods` entry."""
+    return {"name": p.name, "ipv4_prefixes": list(p.ipv4_prefixes)}
+
+
+def dpu_entry(d: Dpu) -> dict[str, Any]:
+    """A DPU as a manifest's `dpus` entry."""
+    return {
+        "name": d.name,
+        "p4runtime_address": d.p4runtime_address,
+        "device_id": d.device_id,
+        "pod": d.pod,
+        "role": d.role.value,
+        "host_port": d.host_port,
+        "uplink_port": d.uplink_port,
+        "buffer_bytes": d.buffer_bytes,
+    }
+
+
+def cap_entry(pod: str, c: Cap) -> dict[str, Any]:
+    """A pod's cap as a manifest's `caps` entry (rates in bit/s)."""
+    return {
+        "pod": pod,
+        "egress": c.egress_bps,
+        "ingress": c.ingress_bps,
+        "window_s": c.window_s,
+        "burst_bytes": c.burst_bytes,
+        "mode": c.mode,
+        "rebalance": c.rebalance,
+    }

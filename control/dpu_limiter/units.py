@@ -96,6 +96,14 @@ def allowed_window_bytes(rate_bps: float, window_s: float, burst_bytes: int) -> 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
+def format_rate(rate_bps: float) -> str:
+    """A rate in bit/s as parse_rate reads it back: 1e9 -> '1G', 2.5e6 -> '2.5M'."""
+    for suffix, mult in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if rate_bps >= mult:
+            return f"{rate_bps / mult:g}{suffix}"
+    return f"{rate_bps:g}"
+
+
 def parse_rate(text: str | float | int, field: str = "rate") -> float:
     """Parse a rate in bit/s: a number, or with a k/M/G/T suffix (optionally 'bit/s', 'bps')."""
     if isinstance(text, int | float) and not isinstance(text, bool):

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from finsy.proto import p4r, p4r_grpc
 
-from conftest import free_port, plane_with_pod, register, serve_in_process
+from conftest import cli, free_port, plane_with_pod, register, serve_in_process
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.reconciler import ELECTION_ID
 from p4sim.server import Device, P4RuntimeService
@@ -106,3 +106,9 @@ async def test_a_dpu_that_does_not_answer_says_so_in_status(tmp_path: Path) -> N
         await asyncio.sleep(1.2)
         (st,) = (await c.status()).dpus
         assert not st.connected and st.last_error.startswith(f"no connection to {closed} for ")
+        # Its counters are not taken for zeros: the pod's totals say one DPU is left out, its rows why.
+        rows = (await c.usage("a", per_dpu=True)).usage
+        assert {(u.dpu, u.dpus_unread) for u in rows} == {("", 1), ("dpu-a", 0)}
+        assert all(u.error == f"ConnectionError: no connection to {closed}" for u in rows if u.dpu)
+        out = (await asyncio.to_thread(cli, "usage", "--per-dpu", "--server", c.address)).stdout
+        assert "1 DPU" in out and "no connection" in out

@@ -670,14 +670,24 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                         "passed (green)",
                         "dropped (red)",
                         "exempt",
+                        "not read",
                         title="bit/s across each pod's boundary (Ctrl-C to stop)",
                     )
-                    for pod, dpu, direction, r in rates(sample):
-                        t.add_row(pod, dpu or "(all)", direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields))
+                    notes = [
+                        _unread(json_format.MessageToDict(u, preserving_proto_field_name=True)) for u in sample.usage
+                    ]
+                    for (pod, dpu, direction, r), note in zip(rates(sample), notes, strict=True):
+                        t.add_row(pod, dpu or "(all)", direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields), note)
                     live.update(t, refresh=True)
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     return 0
+
+
+def _unread(u: dict) -> str:  # type: ignore[type-arg]
+    """A usage row's note: the DPUs a pod's totals leave out, or why a DPU's row is empty."""
+    n = int(u.get("dpus_unread", 0))
+    return u.get("error", "") or (f"{n} DPU{'s' if n > 1 else ''}" if n else "")
 
 
 # Usage table columns: the last three are what the DPU dropped (meter red, window budget, no lease).
@@ -710,6 +720,7 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
             "window B",
             "no lease B",
             "spoofed B",
+            "not read",
         )
         for u in doc.get("usage", []):
             t.add_row(
@@ -717,6 +728,7 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
                 u.get("dpu", "") or "(all)",
                 u["direction"],
                 *(str(u.get(k, 0)) for k in USAGE_COLUMNS),
+                _unread(u),
             )
         console.print(t)
     elif cmd == "status":

@@ -48,6 +48,8 @@ class DirectionUsage:
     lease_bytes: int  # dropped for want of a valid lease
     spoofed_bytes: int  # dropped: IPv4 from inside the pod with a source outside it
     dpu: str = ""  # empty: the pod's totals; else the one DPU these counters are from
+    dpus_unread: int = 0  # a pod's totals: how many of its DPUs' counters could not be read (left out)
+    error: str = ""  # a DPU's row: why its counters could not be read (the row is then all zeros)
 
 
 LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals every lifetime / 3)
@@ -483,16 +485,21 @@ class LimiterService:
         out: list[DirectionUsage] = []
         for name in pods:
             agents = sorted((a for a in self.agents.values() if a.dpu.pod == name), key=lambda a: a.dpu.name)
-            reads = await asyncio.gather(*(a.read_usage() for a in agents), return_exceptions=True)
-            held: list[tuple[str, dict[str, dict[str, tuple[int, int]]]]] = []
-            for a, r in zip(agents, reads, strict=True):
-                if isinstance(r, BaseException):
-                    LOG.warning("usage read of %s failed: %s", a.dpu.name, r)
-                else:
-                    held.append((a.dpu.name, r))
-            out += [_usage(name, "", direction, [r for _, r in held]) for direction in dp.CELLS]
+            reads = await asyncio.gather(*(_read_usage(a) for a in agents), return_exceptions=True)
+            # A DPU that cannot be read is said to be so, not counted as idle.
+            pairs = list(zip(agents, reads, strict=True))
+            unread = {a.dpu.name: f"{type(r).__name__}: {r}" for a, r in pairs if isinstance(r, BaseException)}
+            for dpu_name, why in unread.items():
+                LOG.warning("usage read of %s failed: %s", dpu_name, why)
+            held = [(a.dpu.name, r) for a, r in pairs if not isinstance(r, BaseException)]
+            for direction in dp.CELLS:
+                total = _usage(name, "", direction, [r for _, r in held])
+                out.append(dataclasses.replace(total, dpus_unread=len(unread)))
             if per_dpu:
-                out += [_usage(name, dpu, direction, [r]) for dpu, r in held for direction in dp.CELLS]
+                for a, r in pairs:
+                    for direction in dp.CELLS:
+                        row = _usage(name, a.dpu.name, direction, [] if isinstance(r, BaseException) else [r])
+                        out.append(dataclasses.replace(row, error=unread.get(a.dpu.name, "")))
         return out
 
     def lease(self, name: str) -> LeaseView:
@@ -524,6 +531,13 @@ class LeaseView:
     generation: int
     age_s: float
     lifetime_s: float
+
+
+async def _read_usage(agent: DpuAgent) -> dict[str, dict[str, tuple[int, int]]]:
+    """A DPU's counters; at once an error for one not connected (a read would wait for it)."""
+    if not agent.status.connected:
+        raise ConnectionError(f"no connection to {agent.dpu.p4runtime_address}")
+    return await agent.read_usage()
 
 
 def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, tuple[int, int]]]]) -> DirectionUsage:

@@ -67,6 +67,7 @@ async def test_bad_input_names_field_and_value_and_stores_nothing(
     await _invalid(c.set_pod_cap("a", 20e6, 20e6, 0), "cap.window_s", "0")
     await _invalid(c.set_pod_cap("a", 20e6, 20e6, -3), "cap.window_s", "-3")
     await _invalid(c.set_pod_cap("a", 20e6, 20e6, 10, 1 << 40), "cap.burst_bytes", str(1 << 40))
+    await _invalid(c.set_pod_cap("a", 1e12, 1e12, 10), "cap.burst_bytes", "the default, 100 ms at the rate")
     await _invalid(c.set_pod_cap("zz", 20e6, 20e6, 10), "pod", "zz")
     await _invalid(c.set_pod_cap("a", float("nan"), 20e6, 10), "cap.egress_bps", "nan")
 

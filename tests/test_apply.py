@@ -256,3 +256,24 @@ def test_get_all_is_a_manifest_apply_takes_back(tmp_path: Path, server: str) -> 
     dump.write_text(json.dumps(doc))
     assert ("update", "cap", "a") in changes(cli("apply", "-f", str(dump), "--json", "--server", server))
     assert "3G" in cli("get", "all", "--server", server).stdout
+
+
+def test_usage_watch_piped_prints_each_sample(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST)
+    cli("apply", "-f", str(f), "--server", server)
+    watch = [sys.executable, "-m", "dpu_limiter.cli", "usage", "--watch", "--interval", "0.2", "--server", server]
+    proc = subprocess.Popen(watch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        titles = 0
+        for line in proc.stdout:  # a table per sample, not one at the end
+            titles += "bit/s across each pod's boundary" in line
+            if titles == 2:
+                break
+        assert titles == 2
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+    res = cli("usage", "--json", "--server", server)
+    rows = json.loads(res.stdout)["usage"]
+    assert rows and all("red_bytes" in r and "dpus_unread" in r for r in rows)  # zeros are printed too

@@ -16,6 +16,7 @@ import logging
 import shutil
 import sqlite3
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -306,7 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2
     except grpc.aio.AioRpcError as exc:
-        print(f"dpu-limiter: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        hint = ""
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and args.tls_dir is None:
+            hint = " (if the control plane runs with --tls-dir, give yours: --tls-dir DIR)"
+        print(f"dpu-limiter: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
         return 1
 
 
@@ -424,7 +428,8 @@ def _audit(args: argparse.Namespace) -> int:
             print(json.dumps([r.__dict__ for r in records], indent=2))
         else:
             for r in records:
-                print(f"{r.seq:6d} {r.ts:.3f} {r.actor:8s} {r.action:12s} {r.object:24s} {json.dumps(r.payload)}")
+                when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.ts))
+                print(f"{r.seq:6d} {when} {r.actor:8s} {r.action:12s} {r.object:24s} {json.dumps(r.payload)}")
         return 0
     verdict = verify(records, args.anchor)
     if args.json:
@@ -503,7 +508,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
             msg = await c.usage(args.pod, args.per_dpu)
         else:
             msg = await c.status()
-    doc = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    doc = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -634,13 +639,14 @@ def _cell(column: str, v: object) -> str:
 
 async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
     """Live rates from WatchUsage: a table that updates in place, or one JSON line per sample."""
+    from contextlib import nullcontext
+
     from google.protobuf import json_format
-    from rich.console import Console
     from rich.live import Live
     from rich.table import Table
 
     prev: dict[tuple[str, str, str], tuple[float, dict[str, int]]] = {}
-    fields = ("metered_bytes", "green_bytes", "red_bytes", "exempt_bytes")
+    fields = ("metered_bytes", "green_bytes", "red_bytes", "window_bytes", "lease_bytes", "exempt_bytes")
 
     def rates(sample: pb.UsageSample) -> list[tuple[str, str, str, dict[str, float]]]:
         out = []
@@ -660,7 +666,10 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                 doc["rates_bps"] = [{"pod": p, "dpu": n, "direction": d, **r} for p, n, d, r in rates(sample)]
                 print(json.dumps(doc), flush=True)
         else:
-            with Live(console=Console(), auto_refresh=False) as live:
+            console = _console()
+            # On a terminal one table updated in place; piped, one table per sample as it arrives.
+            live_or_not = Live(console=console, auto_refresh=False) if console.is_terminal else nullcontext()
+            with live_or_not as live:
                 async for sample in c.watch_usage(args.pod, args.interval, args.per_dpu):
                     t = Table(
                         "pod",
@@ -669,6 +678,8 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                         "metered",
                         "passed (green)",
                         "dropped (red)",
+                        "dropped (window)",
+                        "dropped (no lease)",
                         "exempt",
                         "not read",
                         title="bit/s across each pod's boundary (Ctrl-C to stop)",
@@ -678,7 +689,10 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                     ]
                     for (pod, dpu, direction, r), note in zip(rates(sample), notes, strict=True):
                         t.add_row(pod, dpu or "(all)", direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields), note)
-                    live.update(t, refresh=True)
+                    if live is not None:
+                        live.update(t, refresh=True)
+                    else:
+                        console.print(t)
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     return 0

@@ -155,9 +155,10 @@ class Cap:
         try:
             check_burst(burst, f"{field_prefix}.burst_bytes")
         except UnitError:
-            raise InvalidArgument(
-                f"{field_prefix}.burst_bytes", cap.burst_bytes, f"must be <= {MAX_PI_BURST} (32-bit meter bursts)"
-            ) from None
+            why = f"must be <= {MAX_PI_BURST} (32-bit meter bursts)"
+            if not cap.burst_bytes:  # the default was asked for: say that it is what is too large
+                why = f"the default, 100 ms at the rate ({burst} bytes), is too large: give a burst {why}"
+            raise InvalidArgument(f"{field_prefix}.burst_bytes", cap.burst_bytes, why) from None
         if cap.mode not in ("rate", "window"):
             raise InvalidArgument(f"{field_prefix}.mode", cap.mode, "must be rate or window")
         if cap.mode == "window" and w < 1:

@@ -47,7 +47,8 @@ async def _snapshot(c: LimiterClient) -> tuple[object, ...]:
             caps.append((await c.get_pod_cap(p.name)).cap)
         except grpc.aio.AioRpcError as err:
             assert err.code() == grpc.StatusCode.NOT_FOUND
-    return (tuple(pods), tuple(dpus), tuple(caps), (await c.status()).generation)
+    routers = (await c.stub.ListRouters(pb.ListRoutersRequest())).routers
+    return (tuple(pods), tuple(dpus), tuple(caps), tuple(routers), (await c.status()).generation)
 
 
 def _names_a_field(details: str) -> bool:
@@ -55,8 +56,8 @@ def _names_a_field(details: str) -> bool:
 
 
 def _names_an_entry(details: str) -> bool:
-    """A batch's error starts with the entry at fault: pods[0], dpus[2], caps[1]."""
-    return re.match(r"^(pods|dpus|caps)\[\d+\]", details) is not None
+    """A batch's error starts with the entry at fault: pods[0], dpus[2], caps[1], routers[0]."""
+    return re.match(r"^(pods|dpus|caps|routers)\[\d+\]", details) is not None
 
 
 async def _check(c: LimiterClient, call: object, names_field: Callable[[str], bool] = _names_a_field) -> None:
@@ -163,6 +164,7 @@ caps_pb = st.builds(
     ),
 )
 stored = st.one_of(st.sampled_from(["a", "b", "b1"]), names)  # names that exist (some of the time)
+routers_pb = st.builds(pb.Router, name=names, pods=st.lists(stored, max_size=3))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -170,14 +172,20 @@ stored = st.one_of(st.sampled_from(["a", "b", "b1"]), names)  # names that exist
     pods=st.lists(pods_pb, max_size=3),
     dpus=st.lists(dpus_pb, max_size=3),
     caps=st.lists(caps_pb, max_size=3),
+    routers=st.lists(routers_pb, max_size=2),
     dry_run=st.booleans(),
 )
 def test_apply_any_batch(
-    tmp_path: Path, pods: list[pb.Pod], dpus: list[pb.Dpu], caps: list[pb.PodCap], dry_run: bool
+    tmp_path: Path,
+    pods: list[pb.Pod],
+    dpus: list[pb.Dpu],
+    caps: list[pb.PodCap],
+    routers: list[pb.Router],
+    dry_run: bool,
 ) -> None:
     async def body(c: LimiterClient) -> None:
         before = await _snapshot(c)
-        request = pb.ApplyRequest(pods=pods, dpus=dpus, caps=caps, dry_run=dry_run)
+        request = pb.ApplyRequest(pods=pods, dpus=dpus, caps=caps, routers=routers, dry_run=dry_run)
         await _check(c, c.stub.Apply(request), _names_an_entry)
         if dry_run:
             assert await _snapshot(c) == before
@@ -190,11 +198,18 @@ def test_apply_any_batch(
     pods=st.lists(stored, max_size=3),
     dpus=st.lists(stored, max_size=3),
     caps=st.lists(stored, max_size=3),
+    routers=st.lists(st.one_of(st.just("r1"), names), max_size=2),
     dry_run=st.booleans(),
     missing_ok=st.booleans(),
 )
 def test_delete_any_names(
-    tmp_path: Path, pods: list[str], dpus: list[str], caps: list[str], dry_run: bool, missing_ok: bool
+    tmp_path: Path,
+    pods: list[str],
+    dpus: list[str],
+    caps: list[str],
+    routers: list[str],
+    dry_run: bool,
+    missing_ok: bool,
 ) -> None:
     async def body(c: LimiterClient) -> None:
         # Pod b with a DPU, so that some deletes are refused for the DPUs a pod keeps.
@@ -202,9 +217,12 @@ def test_delete_any_names(
             pb.ApplyRequest(
                 pods=[pb.Pod(name="b", ipv4_prefixes=["10.0.2.0/24"])],
                 dpus=[pb.Dpu(name="b1", p4runtime_address="127.0.0.1:1", device_id=1, pod="b")],
+                routers=[pb.Router(name="r1", pods=["b"])],
             )
         )
-        request = pb.DeleteRequest(pods=pods, dpus=dpus, caps=caps, dry_run=dry_run, missing_ok=missing_ok)
+        request = pb.DeleteRequest(
+            pods=pods, dpus=dpus, caps=caps, routers=routers, dry_run=dry_run, missing_ok=missing_ok
+        )
         await _check(c, c.stub.Delete(request), _names_an_entry)
 
     _run(tmp_path, body)

@@ -175,9 +175,43 @@ def test_import_a_lab_topology(tmp_path: Path, server: str) -> None:
     assert changes(cli("apply", "-f", str(topo), "--json", "--server", server)) == [
         ("create", "pod", "a"),
         ("create", "pod", "b"),
+        ("create", "router", "r1"),
     ]
     pods = json.loads(cli("get", "pods", "--json", "--server", server).stdout)
     assert pods == [{"name": "a", "ipv4_prefixes": ["10.0.1.0/24"]}, {"name": "b", "ipv4_prefixes": ["10.0.2.0/24"]}]
+    # Routers come with the pods the topology's operator routing puts behind each.
+    two = ROOT / "bmv2-lab" / "topologies" / "two-routers.yaml"
+    assert ("update", "router", "r1") in changes(cli("apply", "-f", str(two), "--json", "--server", server))
+    routers = json.loads(cli("get", "routers", "--json", "--server", server).stdout)
+    assert routers == [{"name": "r1", "pods": ["a", "b", "c", "d"]}, {"name": "r2", "pods": ["e", "f", "g", "h"]}]
+
+
+ROUTERS = "routers:\n  - {name: r1, pods: [a]}\n  - {name: r2, pods: [b]}\n"
+
+
+def test_routers_are_inventory(tmp_path: Path, server: str) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(MANIFEST + ROUTERS)
+    assert ("create", "router", "r2") in changes(cli("apply", "-f", str(f), "--json", "--server", server))
+    for new, message in (
+        ("{name: r2, pods: [a]}", "routers[1].pods[0]: already behind router 'r1'"),
+        ("{name: r2, pods: [zz]}", "routers[1].pods[0]: unknown pod"),
+        ("{name: r2, pods: [b], asn: 1}", "routers[1].asn: unknown key"),
+    ):
+        f.write_text(MANIFEST + ROUTERS.replace("{name: r2, pods: [b]}", new))
+        res = cli("apply", "-f", str(f), "--server", server)
+        assert res.returncode in (1, 2) and message in res.stderr, res.stderr
+    res = cli("delete", "pod", "b", "--server", server)  # b has no DPU, but router r2 lists it
+    assert res.returncode == 1 and "behind routers ['r2']" in res.stderr
+    f.write_text(MANIFEST + ROUTERS)
+    gone = changes(cli("delete", "-f", str(f), "--json", "--server", server))
+    assert gone[:2] == [("delete", "router", "r1"), ("delete", "router", "r2")]
+    assert json.loads(cli("get", "all", "--json", "--server", server).stdout) == {
+        "pods": [],
+        "dpus": [],
+        "caps": [],
+        "routers": [],
+    }
 
 
 @pytest.mark.parametrize(

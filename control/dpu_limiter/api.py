@@ -12,8 +12,8 @@ import grpc
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
-from .convert import cap_from_pb, cap_to_pb, change_to_pb, dpu_from_pb, dpu_to_pb, pod_to_pb
-from .models import Cap, Change, InvalidArgument, Pod
+from .convert import cap_from_pb, cap_to_pb, change_to_pb, dpu_from_pb, dpu_to_pb, pod_to_pb, router_to_pb
+from .models import Cap, Change, InvalidArgument, Pod, Router
 from .service import LimiterService, NotFound
 from .tls import role_of
 
@@ -85,6 +85,16 @@ class LimiterApi(pb_grpc.LimiterServicer):
 
         return await self._call(context, run, write=True)
 
+    async def ListRouters(  # noqa: N802
+        self,
+        request: pb.ListRoutersRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> pb.ListRoutersResponse:
+        """Every router."""
+        await self._actor(context, write=False)
+        routers = sorted(self.service.state.routers.values(), key=lambda r: r.name)
+        return pb.ListRoutersResponse(routers=[router_to_pb(r) for r in routers])
+
     async def ListDpus(self, request: pb.ListDpusRequest, context: grpc.aio.ServicerContext) -> pb.ListDpusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU."""
         await self._actor(context, write=False)
@@ -110,10 +120,18 @@ class LimiterApi(pb_grpc.LimiterServicer):
             ]
             dpus = [(f"dpus[{i}]", dpu_from_pb(d, f"dpus[{i}]")) for i, d in enumerate(request.dpus)]
             caps = [(f"caps[{i}].", c.pod, _cap(c, f"caps[{i}].")) for i, c in enumerate(request.caps)]
-            for kind, named in (("pods", [p.name for _, p in pods]), ("dpus", [d.name for _, d in dpus])):
-                _unique(kind, named)
+            routers = [
+                (f"routers[{i}]", Router.validated(r.name, list(r.pods), f"routers[{i}]"))
+                for i, r in enumerate(request.routers)
+            ]
+            for kind, named in (
+                ("pods", [p.name for _, p in pods]),
+                ("dpus", [d.name for _, d in dpus]),
+                ("routers", [r.name for _, r in routers]),
+            ):
+                _unique(kind, named, ".name")
             _unique("caps", [c.pod for c in request.caps], ".pod")
-            changes = await self.service.apply(pods, dpus, caps, actor, request.dry_run)
+            changes = await self.service.apply(pods, dpus, caps, actor, request.dry_run, routers)
             return self._written(changes)
 
         return await self._call(context, run, write=True)
@@ -123,12 +141,18 @@ class LimiterApi(pb_grpc.LimiterServicer):
 
         async def run(actor: str) -> pb.WriteResponse:
             named = {}
-            for kind in ("pods", "dpus", "caps"):
+            for kind in ("pods", "dpus", "caps", "routers"):
                 names = list(getattr(request, kind))
                 _unique(kind, names)
                 named[kind] = [(f"{kind}[{i}]", n) for i, n in enumerate(names)]
             changes = await self.service.delete(
-                named["pods"], named["dpus"], named["caps"], actor, request.dry_run, request.missing_ok
+                named["pods"],
+                named["dpus"],
+                named["caps"],
+                actor,
+                request.dry_run,
+                request.missing_ok,
+                named["routers"],
             )
             return self._written(changes)
 

@@ -216,12 +216,16 @@ def _parser() -> argparse.ArgumentParser:
         "delete", help="delete what a file names (its caps, DPUs and pods), or pods, DPUs or caps by name"
     )
     ap_delete.add_argument("-f", "--file", type=Path, help="manifest or lab topology YAML")
-    ap_delete.add_argument("kind", nargs="?", choices=["pod", "pods", "dpu", "dpus", "cap", "caps"])
+    ap_delete.add_argument(
+        "kind", nargs="?", choices=["pod", "pods", "dpu", "dpus", "cap", "caps", "router", "routers"]
+    )
     ap_delete.add_argument("names", nargs="*", help="names of that kind (a cap is named by its pod)")
     ap_delete.add_argument("--dry-run", action="store_true", help="check and show what would go, change nothing")
     ap_delete.add_argument("--ignore-not-found", action="store_true", help="skip names that do not exist")
     get = sub.add_parser("get", help="list pods, DPUs or caps")
-    get.add_argument("kind", choices=["pods", "dpus", "caps", "all"], help="all: a manifest apply -f takes back")
+    get.add_argument(
+        "kind", choices=["pods", "dpus", "caps", "routers", "all"], help="all: a manifest apply -f takes back"
+    )
     usage = sub.add_parser("usage", help="bytes across each pod's boundary, by class and colour")
     usage.add_argument("--pod", default="")
     usage.add_argument("--watch", action="store_true", help="keep showing rates (bit/s) until Ctrl-C")
@@ -594,8 +598,8 @@ async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
 
     from ._proto.limiter.v1 import limiter_pb2 as api_pb
     from .convert import cap_from_pb, dpu_from_pb
-    from .manifest import cap_entry, dpu_entry, pod_entry
-    from .models import Pod
+    from .manifest import cap_entry, dpu_entry, pod_entry, router_entry
+    from .models import Pod, Router
 
     pods = (await c.stub.ListPods(api_pb.ListPodsRequest())).pods
     doc: dict[str, list[dict[str, object]]] = {}
@@ -613,6 +617,9 @@ async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
                     raise
                 continue
             doc["caps"].append(cap_entry(p.name, cap_from_pb(cap)))
+    if args.kind in ("routers", "all"):
+        listed = (await c.stub.ListRouters(api_pb.ListRoutersRequest())).routers
+        doc["routers"] = [router_entry(Router(r.name, tuple(r.pods))) for r in listed]
     if args.json:
         print(json.dumps(doc if args.kind == "all" else doc[args.kind], indent=2))
         return 0

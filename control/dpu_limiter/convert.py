@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
-from .models import Cap, Change, Dpu, InvalidArgument, Pod, Role
+from .models import Cap, Change, Dpu, InvalidArgument, Pod, Role, Router
 
 ROLE_FROM_PB = {
     pb.DPU_ROLE_UNSPECIFIED: Role.POD_UPLINK,
@@ -75,12 +75,14 @@ def dpu_from_pb(d: pb.Dpu, field_prefix: str = "dpu") -> Dpu:
     return Dpu.validated(dpu, field_prefix)
 
 
-def describe(obj: Pod | Dpu | Cap | None) -> str:
+def describe(obj: Pod | Dpu | Cap | Router | None) -> str:
     """An object's values in words, as the CLI's diff shows them."""
     if obj is None:
         return ""
     if isinstance(obj, Pod):
         return ", ".join(obj.ipv4_prefixes)
+    if isinstance(obj, Router):
+        return f"pods {', '.join(obj.pods)}" if obj.pods else "no pods"
     if isinstance(obj, Dpu):
         return (
             f"{obj.p4runtime_address} device {obj.device_id}, pod {obj.pod}, {obj.role.value}, "
@@ -95,3 +97,8 @@ def describe(obj: Pod | Dpu | Cap | None) -> str:
 def change_to_pb(c: Change) -> pb.Change:
     """Model to proto."""
     return pb.Change(verb=c.verb, kind=c.kind, name=c.name, before=describe(c.before), after=describe(c.after))
+
+
+def router_to_pb(r: Router) -> pb.Router:
+    """Model to proto."""
+    return pb.Router(name=r.name, pods=list(r.pods))

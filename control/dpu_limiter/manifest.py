@@ -1,13 +1,14 @@
-"""Declarative files for `dpu-limiter apply -f`: pods, DPUs and caps, or a lab topology to import.
+"""Declarative files for `dpu-limiter apply -f`: pods, DPUs, caps and routers, or a lab topology.
 
     pods:  [{name: a, ipv4_prefixes: [10.0.1.0/24]}]
     dpus:  [{name: dpu-a, p4runtime_address: 10.9.0.1:9559, device_id: 1, pod: a,
              role: pod-uplink, host_port: 0, uplink_port: 1}]
     caps:  [{pod: a, egress: 1G, ingress: 1G, window_s: 60, burst_bytes: 0}]
+    routers: [{name: r1, pods: [a]}]
 
 A lab topology file (pods with `subnet`) is accepted too: its pods are imported with their subnet
-as the pod's prefix. Every value is validated by the same code as the API, and errors name the file
-and the field.
+as the pod's prefix, and its routers (names) with the pods its operator routing puts behind each.
+Every value is validated by the same code as the API, and errors name the file and the field.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import Cap, Dpu, InvalidArgument, Pod, Role
+from .models import Cap, Dpu, InvalidArgument, Pod, Role, Router
 from .units import UnitError, parse_rate
 from .yamlfile import YamlFileError, read_yaml
 
@@ -32,6 +33,7 @@ class Manifest:
     pods: list[Pod] = field(default_factory=list)
     dpus: list[Dpu] = field(default_factory=list)
     caps: dict[str, Cap] = field(default_factory=dict)
+    routers: list[Router] = field(default_factory=list)
 
 
 def _items(doc: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
@@ -45,6 +47,7 @@ def _items(doc: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
 POD_KEYS = {"name", "ipv4_prefixes"}
 DPU_KEYS = {"name", "p4runtime_address", "device_id", "pod", "role", "host_port", "uplink_port", "buffer_bytes"}
 CAP_KEYS = {"pod", "egress", "ingress", "window_s", "burst_bytes", "mode", "rebalance"}
+ROUTER_KEYS = {"name", "pods"}
 
 
 def _check_keys(item: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -140,11 +143,44 @@ def load_manifest(path: Path) -> Manifest:
                 str(mode),
             )
             m.caps[pod] = Cap.validated(cap, where)
+        m.routers = _routers(doc, path)
         _no_repeat([p.name for p in m.pods], "pods", ".name")
         _no_repeat([d.name for d in m.dpus], "dpus", ".name")
+        _no_repeat([r.name for r in m.routers], "routers", ".name")
     except InvalidArgument as exc:
         raise ManifestError(f"{path}: {exc}") from None
     return m
+
+
+def _routers(doc: dict[str, Any], path: Path) -> list[Router]:
+    """A manifest's routers (mappings), or a lab topology's (names, with its operator routing)."""
+    items = doc.get("routers") or []
+    if not isinstance(items, list):
+        raise ManifestError(f"{path}: routers: must be a list")
+    if all(isinstance(i, str) for i in items):  # a lab topology: pods go where its routing puts them
+        routing = doc.get("routing") or {}
+        operator = isinstance(routing, dict) and routing.get("assign", "operator") == "operator"
+        placed = routing.get("pods", {}) if operator else {}
+        if not isinstance(placed, dict):
+            raise InvalidArgument("routing.pods", placed, "must map pods to routers")
+        behind: dict[str, list[str]] = {r: [] for r in items}
+        for pod in (str(p.get("name")) for p in _items(doc, "pods", path)):
+            # The lab's rule: unplaced pods, the first router. Randomised routing: nobody's, until dealt.
+            router = placed.get(pod, items[0] if items else None) if operator else None
+            if router in behind:
+                behind[router].append(pod)
+        return [Router.validated(r, pods, f"routers[{i}]") for i, (r, pods) in enumerate(behind.items())]
+    out = []
+    for i, item in enumerate(items):
+        where = f"routers[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidArgument(where, item, "must be a mapping with name and pods")
+        _check_keys(item, ROUTER_KEYS, where)
+        pods = item.get("pods", [])
+        if not isinstance(pods, list):
+            raise InvalidArgument(f"{where}.pods", pods, "must be a list of pod names")
+        out.append(Router.validated(str(_get(item, "name", where)), [str(p) for p in pods], where))
+    return out
 
 
 def _int(item: dict[str, Any], key: str, where: str, default: int | None) -> int:
@@ -186,3 +222,8 @@ def cap_entry(pod: str, c: Cap) -> dict[str, Any]:
         "mode": c.mode,
         "rebalance": c.rebalance,
     }
+
+
+def router_entry(r: Router) -> dict[str, Any]:
+    """A router as a manifest's `routers` entry."""
+    return {"name": r.name, "pods": list(r.pods)}

@@ -166,8 +166,29 @@ class Cap:
         return Cap(float(cap.egress_bps), float(cap.ingress_bps), float(w), int(burst), bool(cap.rebalance), cap.mode)
 
 
+@dataclass(frozen=True)
+class Router:
+    """A router of the fleet's network and the pods whose uplinks land on it (inventory: the
+    verifier's map of where pod traffic meets; a pod is behind one router at most)."""
+
+    name: str
+    pods: tuple[str, ...] = ()
+
+    @staticmethod
+    def validated(name: str, pods: list[str] | tuple[str, ...], field_prefix: str = "router") -> Router:
+        """Check the name and the pod names (each once); errors name the field."""
+        check_name(f"{field_prefix}.name", name)
+        seen: set[str] = set()
+        for i, pod in enumerate(pods):
+            check_name(f"{field_prefix}.pods[{i}]", pod)
+            if pod in seen:
+                raise InvalidArgument(f"{field_prefix}.pods[{i}]", pod, "listed twice")
+            seen.add(pod)
+        return Router(name, tuple(sorted(pods)))
+
+
 Verb = Literal["create", "update", "unchanged", "delete"]
-Kind = Literal["pod", "dpu", "cap"]
+Kind = Literal["pod", "dpu", "cap", "router"]
 
 
 @dataclass(frozen=True)
@@ -177,8 +198,8 @@ class Change:
     verb: Verb
     kind: Kind
     name: str
-    before: Pod | Dpu | Cap | None = None
-    after: Pod | Dpu | Cap | None = None
+    before: Pod | Dpu | Cap | Router | None = None
+    after: Pod | Dpu | Cap | Router | None = None
 
 
 @dataclass
@@ -189,7 +210,8 @@ class DesiredState:
     dpus: dict[str, Dpu] = field(default_factory=dict)
     caps: dict[str, Cap] = field(default_factory=dict)
     generation: int = 0
+    routers: dict[str, Router] = field(default_factory=dict)
 
     def copy(self) -> DesiredState:
         """A copy whose dicts can be changed without touching this one's."""
-        return DesiredState(dict(self.pods), dict(self.dpus), dict(self.caps), self.generation)
+        return DesiredState(dict(self.pods), dict(self.dpus), dict(self.caps), self.generation, dict(self.routers))

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from . import dataplane as dp
 from . import shares
-from .models import Cap, Change, DesiredState, Dpu, InvalidArgument, Kind, Pod, Role, Verb
+from .models import Cap, Change, DesiredState, Dpu, InvalidArgument, Kind, Pod, Role, Router, Verb
 from .reconciler import ELECTION_ID, AgentStatus, Concurrency, DpuAgent, Slots
 from .store import Store
 from .tls import TlsFiles
@@ -22,7 +22,7 @@ from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
-Obj = TypeVar("Obj", Pod, Dpu, Cap)
+Obj = TypeVar("Obj", Pod, Dpu, Cap, Router)
 
 
 class NotFound(LookupError):
@@ -322,8 +322,9 @@ class LimiterService:
         caps: Sequence[tuple[str, str, Cap]] = (),
         actor: str = "local",
         dry_run: bool = False,
+        routers: Sequence[tuple[str, Router]] = (),
     ) -> list[Change]:
-        """Create or update pods, DPUs and caps as one write: all or none.
+        """Create or update pods, DPUs, caps and routers as one write: all or none.
 
         Each object comes validated, with the request field that named it (for a cap, the prefix
         of its `pod` and `cap` fields: "" or "caps[3]."). They are checked together against the
@@ -338,6 +339,9 @@ class LimiterService:
             st.dpus.update((dpu.name, dpu) for _, dpu in dpus)
             changes += [_change("cap", pod, st.caps.get(pod), cap) for _, pod, cap in caps]
             st.caps.update((pod, cap) for _, pod, cap in caps)
+            changes += [_change("router", r.name, st.routers.get(r.name), r) for _, r in routers]
+            st.routers.update((r.name, r) for _, r in routers)
+            _check_routers(st, routers)
             _check_prefixes(st, pods)
             _check_dpus(st, dpus)
             for where, pod, _ in caps:
@@ -364,6 +368,7 @@ class LimiterService:
         actor: str = "local",
         dry_run: bool = False,
         missing_ok: bool = False,
+        routers: Sequence[tuple[str, str]] = (),
     ) -> list[Change]:
         """Delete pods, DPUs and caps (by name, each with the request field that named it) as one write.
 
@@ -380,6 +385,10 @@ class LimiterService:
                     raise NotFound(f"{where}: {what} {name!r} does not exist")
                 return table.get(name)
 
+            for where, name in routers:
+                if (router := known(st.routers, where, name, "router")) is not None:
+                    changes.append(Change("delete", "router", name, before=router))
+                    del st.routers[name]
             for where, name in caps:
                 if (cap := known(st.caps, where, name, "no cap for pod")) is not None:
                     changes.append(Change("delete", "cap", name, before=cap))
@@ -394,12 +403,15 @@ class LimiterService:
                 left = sorted(d.name for d in st.dpus.values() if d.pod == name)
                 if left:
                     raise InvalidArgument(where, name, f"pod still has DPUs {left}; delete them first (or with it)")
+                behind = sorted(r.name for r in st.routers.values() if name in r.pods)
+                if behind:
+                    raise InvalidArgument(where, name, f"pod is behind routers {behind}; change or delete them first")
                 if name in st.caps:
                     changes.append(Change("delete", "cap", name, before=st.caps.pop(name)))
                 changes.append(Change("delete", "pod", name, before=pod))
                 del st.pods[name]
             # Caps first, pods last: the store's references hold at every step.
-            changes.sort(key=lambda c: ("cap", "dpu", "pod").index(c.kind))
+            changes.sort(key=lambda c: ("router", "cap", "dpu", "pod").index(c.kind))
             if not dry_run:
                 await self._commit(changes, actor)
         return changes
@@ -426,7 +438,7 @@ class LimiterService:
                     self._start_agent(c.after)
             elif c.kind == "pod" and c.verb != "delete":
                 self._poke_pod(c.name)
-            else:
+            elif c.kind == "cap":
                 pods.add(c.name)
         for pod in pods & set(self.state.pods):
             self._reshare(pod)  # a cap reaches DPUs only as their shares of it
@@ -590,6 +602,19 @@ def _check_prefixes(st: DesiredState, pods: Sequence[tuple[str, Pod]]) -> None:
                 for q in other.ipv4_prefixes:
                     if net.overlaps(ipaddress.IPv4Network(q)):
                         raise InvalidArgument(f"{where}.ipv4_prefixes[{i}]", p, f"overlaps {q} of pod {other.name!r}")
+
+
+def _check_routers(st: DesiredState, routers: Sequence[tuple[str, Router]]) -> None:
+    """Every written router lists known pods, none of which is behind another router."""
+    order = {r.name: k for k, (_, r) in enumerate(routers)}
+    for k, (where, r) in enumerate(routers):
+        for i, pod in enumerate(r.pods):
+            if pod not in st.pods:
+                raise InvalidArgument(f"{where}.pods[{i}]", pod, "unknown pod")
+            for other in st.routers.values():
+                # Two of this write listing one pod: the later one is at fault.
+                if other.name != r.name and pod in other.pods and order.get(other.name, -1) < k:
+                    raise InvalidArgument(f"{where}.pods[{i}]", pod, f"already behind router {other.name!r}")
 
 
 def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:

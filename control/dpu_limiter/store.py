@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import audit
-from .models import Cap, Change, DesiredState, Dpu, Pod, Role
+from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS dpus (
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, ts REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
     object TEXT NOT NULL, payload TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS routers (name TEXT PRIMARY KEY, pods TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
     pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
     window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
@@ -126,6 +127,8 @@ class Store:
                 "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode FROM caps"
             ):
                 state.caps[pod] = Cap(e, i, w, int(b), bool(r), m)
+            for name, pods in cur.execute("SELECT name, pods FROM routers"):
+                state.routers[name] = Router(name, tuple(json.loads(pods)))
             row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             state.generation = int(row[0]) if row else 0
             return state
@@ -134,7 +137,12 @@ class Store:
 def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, Any]]:
     """Run one change's SQL; returns its audit action, object and payload."""
     if c.verb == "delete":
-        table, key = {"pod": ("pods", "name"), "dpu": ("dpus", "name"), "cap": ("caps", "pod")}[c.kind]
+        table, key = {
+            "pod": ("pods", "name"),
+            "dpu": ("dpus", "name"),
+            "cap": ("caps", "pod"),
+            "router": ("routers", "name"),
+        }[c.kind]
         cur.execute(f"DELETE FROM {table} WHERE {key}=?", (c.name,))
         return f"delete-{c.kind}", _object(c.kind, c.name), {}
     if isinstance(c.after, Pod):
@@ -145,6 +153,10 @@ def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, A
             (c.name, json.dumps(prefixes)),
         )
         return "apply-pod", _object("pod", c.name), {"ipv4_prefixes": prefixes}
+    if isinstance(c.after, Router):
+        pods = list(c.after.pods)
+        cur.execute("INSERT OR REPLACE INTO routers(name, pods) VALUES (?, ?)", (c.name, json.dumps(pods)))
+        return "apply-router", _object("router", c.name), {"pods": pods}
     if isinstance(c.after, Dpu):
         d = c.after
         payload: dict[str, Any] = {

@@ -55,7 +55,7 @@ async def test_bad_input_names_field_and_value_and_stores_nothing(
     gen = (await c.status()).generation
 
     await _invalid(c.apply_pod("b", ["10.0.2.1/24"]), "pod.ipv4_prefixes[0]", "10.0.2.1/24")
-    await _invalid(c.apply_pod("b", ["10.0.1.128/25"]), "pod.ipv4_prefixes[0]", "overlaps 10.0.1.0/24")
+    await _invalid(c.apply_pod("b", ["10.0.1.128/25"]), "pod.ipv4_prefixes", "overlaps 10.0.1.0/24")
     await _invalid(c.apply_pod("B!", ["10.0.2.0/24"]), "pod.name", "B!")
     await _invalid(c.register_dpu(dpu(name="dpu-x", pod="nope")), "dpu.pod", "nope")
     await _invalid(c.register_dpu(dpu(name="dpu-x", addr="127.0.0.1")), "dpu.p4runtime_address", "127.0.0.1")

@@ -194,8 +194,8 @@ def test_routers_are_inventory(tmp_path: Path, server: str) -> None:
     f.write_text(MANIFEST + ROUTERS)
     assert ("create", "router", "r2") in changes(cli("apply", "-f", str(f), "--json", "--server", server))
     for new, message in (
-        ("{name: r2, pods: [a]}", "routers[1].pods[0]: already behind router 'r1'"),
-        ("{name: r2, pods: [zz]}", "routers[1].pods[0]: unknown pod"),
+        ("{name: r2, pods: [a]}", "routers[1].pods: already behind router 'r1'"),
+        ("{name: r2, pods: [zz]}", "routers[1].pods: unknown pod"),
         ("{name: r2, pods: [b], asn: 1}", "routers[1].asn: unknown key"),
     ):
         f.write_text(MANIFEST + ROUTERS.replace("{name: r2, pods: [b]}", new))
@@ -229,6 +229,8 @@ def test_routers_are_inventory(tmp_path: Path, server: str) -> None:
         ("[10.0.1.0/24]}", "[10.0.1.0/24], cap: 1G}", "pods[0].cap: unknown key"),
         ("  - {pod: a,", "  - {pod: b, egress: 1G, ingress: 1G, window_s: 1}\n  - {pod: b,", "caps[1].pod: named"),
         ("egress: 1G", "egress: 1Q", "caps[0].egress: cannot parse rate '1Q'"),
+        ("caps:", "routers: [r1]\nrouting: {pods: {a: r9}}\ncaps:", "routing.pods.a: unknown router"),
+        ("caps:", "routers: [r1]\nrouting: {pods: {a: [r1]}}\ncaps:", "routing.pods.a: unknown router"),
     ],
 )
 def test_bad_files_name_the_field(tmp_path: Path, old: str, new: str, message: str) -> None:

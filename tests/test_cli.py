@@ -119,15 +119,18 @@ def test_certs_keep_what_was_issued(tmp_path: Path) -> None:
     for bad, message in (
         (["../escape", "--role", "operator"], "name"),
         (["x", "--role", "operator", "--days", "0"], "--days"),
+        (["ca", "--role", "operator"], "name"),  # would overwrite the CA
+        (["verifier", "--role", "operator"], "exists"),
     ):
         res = cli("certs", "issue", str(pki), *bad)
         assert res.returncode == 2 and message in res.stderr, res.stderr
     assert not (tmp_path / "escape.pem").exists() and not (pki / "x.pem").exists()
     # A DPU's server certificate from the same CA, for its P4Runtime server's TLS.
-    assert cli("certs", "issue", str(pki), "dpu-a", "--host", "127.0.0.1").returncode == 0
+    assert cli("certs", "issue", str(pki), "dpu-a.rack1", "--host", "127.0.0.1").returncode == 0
+    assert (pki / "ca.pem").read_bytes() == ca and (pki / "dpu-a.rack1.key").exists()
     from cryptography import x509
 
-    cert = x509.load_pem_x509_certificate((pki / "dpu-a.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate((pki / "dpu-a.rack1.pem").read_bytes())
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert cli("certs", "init", str(pki), "--force").returncode == 0 and (pki / "ca.pem").read_bytes() != ca

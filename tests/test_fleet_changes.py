@@ -112,3 +112,42 @@ async def test_a_dpu_that_does_not_answer_says_so_in_status(tmp_path: Path) -> N
         assert all(u.error == f"ConnectionError: no connection to {closed}" for u in rows if u.dpu)
         out = (await asyncio.to_thread(cli, "usage", "--per-dpu", "--server", c.address)).stdout
         assert "1 DPU" in out and "no connection" in out
+
+
+def meter(device: Device, cell: int = 0) -> tuple[int, int, int, int]:
+    """The target's boundary meter cell as configured (P4Runtime units)."""
+    assert device.pipeline is not None
+    return tuple(device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(cell))
+
+
+async def test_a_departing_dpu_is_floored_before_the_others_grow(tmp_path: Path) -> None:
+    """Two node DPUs split pod a's cap. When one is deleted, the control plane floors it (and sees it
+    floored) before the other is granted the whole cap: at no point do the two hold more than it."""
+    (d0, s0, a0), (d1, s1, a1) = await serve_in_process(), await serve_in_process()
+    try:
+        async with plane_with_pod(tmp_path) as (_, c):
+            await register(c, "n0", a0, node=True)
+            await register(c, "n1", a1, node=True)
+            await c.set_pod_cap("a", 80e6, 80e6, 10.0, 1_000_000)
+            await c.wait_converged(timeout=30)
+            half = meter(d0)
+            assert meter(d1) == half and half[0] == 5_000_000  # 40 Mbit/s each, in bytes/s
+            seen: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+            watching = True
+
+            async def watch() -> None:
+                while watching:
+                    seen.append((meter(d0), meter(d1)))
+                    await asyncio.sleep(0.001)
+
+            watcher = asyncio.create_task(watch())
+            await c.stub.Delete(pb.DeleteRequest(dpus=["n1"]))
+            assert meter(d1) == (0, 0, 0, 0)  # floored before Delete answered
+            await c.wait_converged(timeout=30)
+            await until(lambda: meter(d0)[0] == 10_000_000)
+            watching = False
+            await watcher
+            assert all(m0[0] + m1[0] <= 10_000_000 for m0, m1 in seen), seen
+    finally:
+        await s0.stop(grace=0)
+        await s1.stop(grace=0)

@@ -406,6 +406,8 @@ def _certs(args: argparse.Namespace) -> int:
 
     try:
         check_name("name", args.name)  # it names the files: no paths
+        if args.name == "ca" or (args.dir / f"{args.name}.pem").exists():
+            raise InvalidArgument("name", args.name, f"{args.dir / args.name}.pem exists (or is the CA's)")
         if args.days < 1:
             raise InvalidArgument("--days", args.days, "must be at least 1")
         if not (args.dir / "ca.key").is_file():
@@ -544,7 +546,7 @@ async def _delete(c: LimiterClient, args: argparse.Namespace) -> int:
     from .manifest import ManifestError, load_manifest
 
     if (args.file is None) == (args.kind is None) or (args.kind is not None and not args.names):
-        print("dpu-limiter: delete: give either -f FILE or a kind (pod, dpu, cap) and names", file=sys.stderr)
+        print("dpu-limiter: delete: give either -f FILE or a kind (pod, dpu, cap, router) and names", file=sys.stderr)
         return 2
     if args.file is not None:
         try:
@@ -569,6 +571,7 @@ async def _delete(c: LimiterClient, args: argparse.Namespace) -> int:
 def _print_changes(written: pb.WriteResponse, title: str, args: argparse.Namespace) -> None:
     from google.protobuf import json_format
     from rich.table import Table
+    from rich.text import Text
 
     if args.json:
         doc = json_format.MessageToDict(
@@ -581,7 +584,7 @@ def _print_changes(written: pb.WriteResponse, title: str, args: argparse.Namespa
     colour = {"create": "green", "update": "yellow", "unchanged": "dim", "delete": "red"}
     for ch in written.changes:
         detail = f"{ch.before} -> {ch.after}" if ch.verb == "update" else ch.after or ch.before
-        t.add_row(f"[{colour.get(ch.verb, '')}]{ch.verb}[/]", ch.kind, ch.name, detail)
+        t.add_row(Text(ch.verb, style=colour.get(ch.verb, "")), ch.kind, ch.name, detail)
     _console().print(t)
 
 
@@ -589,7 +592,8 @@ def _console() -> Console:
     """Rich's console; piped, as wide as the table needs (no 80-column cut of names and addresses)."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=400)
+    # No markup: names and addresses ("[fe80::1]:9559") are printed as they are.
+    return Console(markup=False) if sys.stdout.isatty() else Console(markup=False, width=400)
 
 
 async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
@@ -660,6 +664,10 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
         for u in sample.usage:
             key = (u.pod, u.dpu, u.direction)
             now = {f: getattr(u, f) for f in fields}
+            if u.error or u.dpus_unread:  # not all read: no rate now, and the next one starts afresh
+                prev.pop(key, None)
+                out.append((u.pod, u.dpu, u.direction, dict.fromkeys(fields, 0.0)))
+                continue
             t0, before = prev.get(key, (sample.time, now))
             dt = max(sample.time - t0, 1e-9)
             out.append((u.pod, u.dpu, u.direction, {f: (now[f] - before[f]) * 8 / dt for f in fields}))

@@ -163,6 +163,9 @@ def _routers(doc: dict[str, Any], path: Path) -> list[Router]:
         placed = routing.get("pods", {}) if operator else {}
         if not isinstance(placed, dict):
             raise InvalidArgument("routing.pods", placed, "must map pods to routers")
+        for pod, router in placed.items():
+            if not isinstance(router, str) or router not in items:
+                raise InvalidArgument(f"routing.pods.{pod}", router, f"unknown router (routers: {items})")
         behind: dict[str, list[str]] = {r: [] for r in items}
         for pod in (str(p.get("name")) for p in _items(doc, "pods", path)):
             # The lab's rule: unplaced pods, the first router. Randomised routing: nobody's, until dealt.

@@ -37,7 +37,20 @@ class UsageCollector(Collector):
 
     def __init__(self, service: LimiterService) -> None:
         self.service = service
+        # Taken on the event loop (refresh), read by the HTTP thread: collect() touches no live state.
         self.sample: list[DirectionUsage] = []
+        self.dpus: list[tuple[str, bool, bool, bool]] = []  # (name, connected, converged, lease held)
+        self.generation = 0
+
+    def take(self, sample: list[DirectionUsage]) -> None:
+        """Snapshot the usage sample and every DPU's status (on the event loop)."""
+        status = self.service.status()
+        self.dpus = [
+            (name, st.connected, st.converged, self.service.lease(name).state in ("held", "renewing"))
+            for name, st in status.items()
+        ]
+        self.generation = self.service.state.generation
+        self.sample = sample
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         """Metric families for one scrape."""
@@ -52,6 +65,9 @@ class UsageCollector(Collector):
             labels=["dpu", "pod", "direction", "kind"],
         )
         for u in self.sample:
+            # Counters must not fall: a total missing a DPU, or a DPU not read, is left out of the scrape.
+            if u.error or u.dpus_unread:
+                continue
             for f in BYTE_FIELDS:
                 kind = f.removesuffix("_bytes")
                 if u.dpu:
@@ -71,15 +87,15 @@ class UsageCollector(Collector):
             "1 while the DPU holds a lease the control plane confirmed within its lifetime (held or renewing)",
             labels=["dpu"],
         )
-        for name, st in self.service.status().items():
-            connected.add_metric([name], float(st.connected))
-            converged.add_metric([name], float(st.converged))
-            lease.add_metric([name], float(self.service.lease(name).state in ("held", "renewing")))
+        for name, is_connected, is_converged, held in self.dpus:
+            connected.add_metric([name], float(is_connected))
+            converged.add_metric([name], float(is_converged))
+            lease.add_metric([name], float(held))
         yield connected
         yield converged
         yield lease
         gen = GaugeMetricFamily("dpu_limiter_generation", "Generation of the desired state")
-        gen.add_metric([], float(self.service.state.generation))
+        gen.add_metric([], float(self.generation))
         yield gen
 
 
@@ -100,7 +116,7 @@ class MetricsEndpoint:
     async def _refresh(self) -> None:
         while True:
             try:
-                self.collector.sample = await self.collector.service.usage(per_dpu=True)
+                self.collector.take(await self.collector.service.usage(per_dpu=True))
             except Exception as exc:
                 LOG.warning("metrics refresh failed: %s", exc)
             await asyncio.sleep(self.interval_s)

@@ -100,6 +100,8 @@ class LimiterService:
         self._targets: dict[str, dict[str, Cap]] = {}
         self._samples: dict[str, tuple[float, int, int]] = {}
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
+        self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
+        self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
         self.rebalance_interval_s = rebalance_interval_s
         self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
         self._rebalancer: asyncio.Task[None] | None = None
@@ -162,13 +164,6 @@ class LimiterService:
             await asyncio.sleep(self.lease_s / 3)
             self.renew_leases()
 
-    def _poke_pod(self, pod: str) -> None:
-        """The pod's prefixes changed: every DPU of it reconciles (and shares follow its cap)."""
-        for agent in self.agents.values():
-            if agent.dpu.pod == pod:
-                agent.poke()
-        self._reshare(pod)
-
     # ---------------------------------------------------------------- shares
 
     def _reshare(self, pod: str) -> None:
@@ -198,9 +193,15 @@ class LimiterService:
             # Step 1, shrink: everyone to the lesser of old and new; wait until every DPU holds it.
             # (Nothing to shrink, e.g. a cap that only grows: straight to step 2.)
             tickets = self._grant({n: shares.lesser(self.shares.get(n), target[n]) for n in target})
+            # Grants an earlier (cancelled) pass made and nobody has confirmed yet are waited for too.
+            tickets = {**{n: t for n, t in self._unconfirmed.items() if n in target}, **tickets}
             while not await self._confirmed(tickets, step_timeout):
                 LOG.warning("pod %s: shrinking shares is not confirmed by every DPU yet; not growing any", pod)
-            # Step 2, grow.
+            # Step 2, grow: after any DPU that left without being floored has lost its lease.
+            wait = self._grow_after.get(pod, 0.0) - time.monotonic()
+            if wait > 0:
+                LOG.warning("pod %s: growing shares in %.0f s, when a departed DPU's lease has lapsed", pod, wait)
+                await asyncio.sleep(wait)
             if not await self._confirmed(self._grant(target), step_timeout):
                 LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
 
@@ -209,11 +210,18 @@ class LimiterService:
         if all(self.shares.get(n) == c for n, c in grants.items()):
             return {}
         self.shares.update(grants)
-        return {n: self.agents[n].poke() for n in grants if n in self.agents}
+        tickets = {n: self.agents[n].poke() for n in grants if n in self.agents}
+        self._unconfirmed.update(tickets)
+        return tickets
 
     async def _confirmed(self, tickets: dict[str, int], timeout: float) -> bool:
-        """Whether every ticketed DPU applied its ticket within `timeout`."""
-        return all(await asyncio.gather(*(self.agents[n].wait_applied(t, timeout) for n, t in tickets.items())))
+        """Whether every ticketed DPU (still here) applied its ticket within `timeout`."""
+        live = {n: t for n, t in tickets.items() if n in self.agents}
+        ok = await asyncio.gather(*(self.agents[n].wait_applied(t, timeout) for n, t in live.items()))
+        for (n, t), done in zip(live.items(), ok, strict=True):
+            if done and self._unconfirmed.get(n) == t:
+                del self._unconfirmed[n]
+        return all(ok)
 
     def _layers(self, pod: str) -> list[list[str]]:
         """The pod's DPUs by role: each list one layer of parallel devices sharing the cap."""
@@ -259,7 +267,7 @@ class LimiterService:
             return False
         layers = self._layers(pod)
         members = [n for layer in layers for n in layer]
-        reads = await asyncio.gather(*(self.agents[n].read_usage() for n in members))
+        reads = await asyncio.gather(*(_read_usage(self.agents[n]) for n in members))
         demand_e: dict[str, float] = {}
         demand_i: dict[str, float] = {}
         for n, usage in zip(members, reads, strict=True):
@@ -305,9 +313,7 @@ class LimiterService:
 
     async def register_dpu(self, dpu: Dpu, actor: str = "local") -> Dpu:
         """Register a DPU (already validated) of a known pod; names and endpoints are unique."""
-        if dpu.name in self.state.dpus:
-            raise InvalidArgument("dpu.name", dpu.name, "a DPU with this name is already registered")
-        await self.apply(dpus=[("dpu", dpu)], actor=actor)
+        await self.apply(dpus=[("dpu", dpu)], actor=actor, create_only=True)
         return dpu
 
     async def set_cap(self, pod: str, cap: Cap, actor: str = "local") -> Cap:
@@ -323,6 +329,7 @@ class LimiterService:
         actor: str = "local",
         dry_run: bool = False,
         routers: Sequence[tuple[str, Router]] = (),
+        create_only: bool = False,
     ) -> list[Change]:
         """Create or update pods, DPUs, caps and routers as one write: all or none.
 
@@ -333,6 +340,9 @@ class LimiterService:
         """
         async with self._lock:
             st = self.state.copy()
+            for where, dpu in dpus:
+                if create_only and dpu.name in st.dpus:
+                    raise InvalidArgument(f"{where}.name", dpu.name, "a DPU with this name is already registered")
             changes = [_change("pod", pod.name, st.pods.get(pod.name), pod) for _, pod in pods]
             st.pods.update((pod.name, pod) for _, pod in pods)
             changes += [_change("dpu", dpu.name, st.dpus.get(dpu.name), dpu) for _, dpu in dpus]
@@ -390,7 +400,7 @@ class LimiterService:
                     changes.append(Change("delete", "router", name, before=router))
                     del st.routers[name]
             for where, name in caps:
-                if (cap := known(st.caps, where, name, "no cap for pod")) is not None:
+                if (cap := known(st.caps, where, name, "the cap of pod")) is not None:
                     changes.append(Change("delete", "cap", name, before=cap))
                     del st.caps[name]
             for where, name in dpus:
@@ -423,25 +433,54 @@ class LimiterService:
             return
         await asyncio.to_thread(self.store.commit, changes, actor)
         self.state = await asyncio.to_thread(self.store.load)
+        dpus = [c for c in changes if c.kind == "dpu"]
+        # A DPU that leaves (deleted, or changed: it gets a new agent) is floored first, so that the
+        # shares it held are free before anyone grows into them; one that cannot be floored may pass
+        # its old share until its lease lapses, so its old pod's DPUs grow only after that.
+        leaving = [self.agents[c.name] for c in dpus if c.name in self.agents]
+        floored = await self._floor(leaving)
+        for a, done in zip(leaving, floored, strict=True):
+            if not done:
+                until = time.monotonic() + self.lease_s
+                self._grow_after[a.dpu.pod] = max(self._grow_after.get(a.dpu.pod, 0.0), until)
+                LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
+        await asyncio.gather(*(self.agents.pop(a.dpu.name).stop() for a in leaving))
         pods: set[str] = set()
+        for c in dpus:
+            self.shares.pop(c.name, None)
+            self._samples.pop(c.name, None)
+            self._unconfirmed.pop(c.name, None)
+            pods.update(d.pod for d in (c.before, c.after) if isinstance(d, Dpu))
+            if isinstance(c.after, Dpu):
+                self._start_agent(c.after)
         for c in changes:
-            if c.kind == "dpu":
-                # A changed DPU gets a new agent (a new connection with the new values); a deleted one none.
-                agent = self.agents.pop(c.name, None)
-                if agent is not None:
-                    await agent.stop()
-                self.shares.pop(c.name, None)
-                for d in (c.before, c.after):
-                    if isinstance(d, Dpu):
-                        pods.add(d.pod)
-                if isinstance(c.after, Dpu):
-                    self._start_agent(c.after)
-            elif c.kind == "pod" and c.verb != "delete":
-                self._poke_pod(c.name)
-            elif c.kind == "cap":
+            if c.kind == "pod" and c.verb != "delete":
+                for agent in self.agents.values():  # new prefixes: every DPU of the pod reconciles
+                    if agent.dpu.pod == c.name:
+                        agent.poke()
+            if c.kind in ("pod", "cap"):
                 pods.add(c.name)
-        for pod in pods & set(self.state.pods):
-            self._reshare(pod)  # a cap reaches DPUs only as their shares of it
+                # Demand-based grants were made under the old cap; a deleted pod leaves nothing behind.
+                self._targets.pop(c.name, None)
+                self._changes.pop(c.name, None)
+        for pod in pods:
+            if pod in self.state.pods:
+                self._reshare(pod)  # once per pod: a cap reaches DPUs only as their shares of it
+            elif (task := self._resharing.pop(pod, None)) is not None:
+                task.cancel()
+                self._share_locks.pop(pod, None)
+                self._grow_after.pop(pod, None)
+
+    async def _floor(self, agents: list[DpuAgent], timeout: float = 5.0) -> list[bool]:
+        """Grant each agent's DPU nothing (its floor); whether each confirmed it within `timeout`
+        (one with no connection cannot: it is not waited for)."""
+
+        async def floor(a: DpuAgent) -> bool:
+            self.shares[a.dpu.name] = None
+            ticket = a.poke()
+            return a.status.connected and await a.wait_applied(ticket, timeout)
+
+        return list(await asyncio.gather(*(floor(a) for a in agents)))
 
     # ---------------------------------------------------------------- reads
 
@@ -597,24 +636,25 @@ def _check_prefixes(st: DesiredState, pods: Sequence[tuple[str, Pod]]) -> None:
         for other in st.pods.values():
             if other.name == pod.name:
                 continue
-            for i, p in enumerate(pod.ipv4_prefixes):
+            # Named by value, not index: the pod's prefixes are kept sorted, not in the request's order.
+            for p in pod.ipv4_prefixes:
                 net = ipaddress.IPv4Network(p)
                 for q in other.ipv4_prefixes:
                     if net.overlaps(ipaddress.IPv4Network(q)):
-                        raise InvalidArgument(f"{where}.ipv4_prefixes[{i}]", p, f"overlaps {q} of pod {other.name!r}")
+                        raise InvalidArgument(f"{where}.ipv4_prefixes", p, f"overlaps {q} of pod {other.name!r}")
 
 
 def _check_routers(st: DesiredState, routers: Sequence[tuple[str, Router]]) -> None:
     """Every written router lists known pods, none of which is behind another router."""
     order = {r.name: k for k, (_, r) in enumerate(routers)}
     for k, (where, r) in enumerate(routers):
-        for i, pod in enumerate(r.pods):
+        for pod in r.pods:  # named by value: a router's pods are kept sorted
             if pod not in st.pods:
-                raise InvalidArgument(f"{where}.pods[{i}]", pod, "unknown pod")
+                raise InvalidArgument(f"{where}.pods", pod, "unknown pod")
             for other in st.routers.values():
                 # Two of this write listing one pod: the later one is at fault.
                 if other.name != r.name and pod in other.pods and order.get(other.name, -1) < k:
-                    raise InvalidArgument(f"{where}.pods[{i}]", pod, f"already behind router {other.name!r}")
+                    raise InvalidArgument(f"{where}.pods", pod, f"already behind router {other.name!r}")
 
 
 def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:

@@ -47,12 +47,14 @@ def _name(cn: str, ou: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
-def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
-    path.with_suffix(".key").write_bytes(
+def _write(stem: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
+    # STEM.key and STEM.pem, appended (not with_suffix: "dpu-a.rack1" must not become "dpu-a.pem").
+    key_path, cert_path = stem.parent / f"{stem.name}.key", stem.parent / f"{stem.name}.pem"
+    key_path.write_bytes(
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
-    path.with_suffix(".key").chmod(0o600)
-    path.with_suffix(".pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.chmod(0o600)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 def make_ca(directory: Path, days: int = 365) -> None:

@@ -202,16 +202,7 @@ def pod_entry(p: Pod) -> dict[str, Any]:
 
 def dpu_entry(d: Dpu) -> dict[str, Any]:
     """A DPU as a manifest's `dpus` entry."""
-    return {
-        "name": d.name,
-        "p4runtime_address": d.p4runtime_address,
-        "device_id": d.device_id,
-        "pod": d.pod,
-        "role": d.role.value,
-        "host_port": d.host_port,
-        "uplink_port": d.uplink_port,
-        "buffer_bytes": d.buffer_bytes,
-    }
+    return d.as_dict()
 
 
 def cap_entry(pod: str, c: Cap) -> dict[str, Any]:

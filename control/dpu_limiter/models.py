@@ -6,6 +6,7 @@ the files and the CLI all report bad input the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import re
@@ -104,6 +105,10 @@ class Dpu:
     # releases in a window can exceed what its meter passed by this much, so the controller programs
     # every allowance this much smaller and the cap still holds where it is measured, at the receiver.
     buffer_bytes: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        """Every field by name, the role as files name it: a manifest entry, an audit payload."""
+        return {**dataclasses.asdict(self), "role": self.role.value}
 
     @staticmethod
     def validated(dpu: Dpu, field_prefix: str = "dpu") -> Dpu:

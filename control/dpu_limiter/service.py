@@ -380,7 +380,7 @@ class LimiterService:
         missing_ok: bool = False,
         routers: Sequence[tuple[str, str]] = (),
     ) -> list[Change]:
-        """Delete pods, DPUs and caps (by name, each with the request field that named it) as one write.
+        """Delete pods, DPUs, caps and routers (by name, each with the request field that named it) as one write.
 
         A deleted DPU is no longer programmed: without renewals its lease lapses and it falls to its
         floor. A pod goes with its cap, and only when none of its DPUs stays. Unknown names are an
@@ -420,7 +420,7 @@ class LimiterService:
                     changes.append(Change("delete", "cap", name, before=st.caps.pop(name)))
                 changes.append(Change("delete", "pod", name, before=pod))
                 del st.pods[name]
-            # Caps first, pods last: the store's references hold at every step.
+            # Routers and caps first, pods last: the store's references hold at every step.
             changes.sort(key=lambda c: ("router", "cap", "dpu", "pod").index(c.kind))
             if not dry_run:
                 await self._commit(changes, actor)
@@ -460,6 +460,7 @@ class LimiterService:
                         agent.poke()
             if c.kind in ("pod", "cap"):
                 pods.add(c.name)
+            if c.kind == "cap" or (c.kind == "pod" and c.verb == "delete"):
                 # Demand-based grants were made under the old cap; a deleted pod leaves nothing behind.
                 self._targets.pop(c.name, None)
                 self._changes.pop(c.name, None)

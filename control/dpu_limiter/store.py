@@ -159,15 +159,7 @@ def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, A
         return "apply-router", _object("router", c.name), {"pods": pods}
     if isinstance(c.after, Dpu):
         d = c.after
-        payload: dict[str, Any] = {
-            "p4runtime_address": d.p4runtime_address,
-            "device_id": d.device_id,
-            "pod": d.pod,
-            "role": d.role.value,
-            "host_port": d.host_port,
-            "uplink_port": d.uplink_port,
-            "buffer_bytes": d.buffer_bytes,
-        }
+        payload: dict[str, Any] = {k: v for k, v in d.as_dict().items() if k != "name"}
         # A new DPU is inserted (a duplicate name fails the transaction); a changed one replaced.
         verb = "INSERT" if c.verb == "create" else "INSERT OR REPLACE"
         cur.execute(

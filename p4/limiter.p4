@@ -6,20 +6,36 @@
  * table entries the control plane installs: with no entries, nothing crosses
  * (fail closed).
  *
- * Only IPv4 traffic whose source AND destination both fall in the prefixes
- * of this DPU's pod is exempt from the cap, plus ARP. Everything else that
- * crosses (IPv4 to or from other pods, IPv4 fragments, malformed IPv4, IPv6,
- * VLAN-tagged frames, any other EtherType) is metered against the cap of the
- * crossing's cell with a two-rate three-colour byte meter; red is dropped.
- * IPv4 leaving the subject (a crossing marked `inside`) with a source outside
- * the pod's prefixes is spoofed and dropped: forging another pod's source must
- * not buy exemption at that pod's ingress.
+ * Exemption is proved by where the device sits, never claimed by a frame:
+ * a frame is intra-pod (exempt) only when the control plane has told this
+ * device who its pod peers are (`pod_peers`: the MACs of the OTHER nodes of
+ * its pod, installed only on node DPUs) and the frame is well-formed,
+ * unfragmented IPv4 with source and destination in the pod, whose Ethernet
+ * destination (leaving the node) or source (entering it) is such a peer. A
+ * pod uplink has no peers: everything that crosses it is metered. Broadcast
+ * and multicast never match a peer (peers are unicast), so they are metered.
+ *
+ * ARP passes outside the cap's meter only when well formed (Ethernet/IPv4,
+ * request or reply) and at most ARP_MAX_FRAME bytes long, through a small meter
+ * of its own (cell ARP_CELLS + cell of boundary_meter) whose rate and burst the
+ * control plane carves out of the cap, so the two meters together never pass
+ * more than the cap. It is not gated by the lease: neighbour discovery keeps
+ * working when the lease lapses, within its small allowance.
+ *
+ * Everything else that crosses (IPv4 to or from other pods, IPv4 fragments,
+ * malformed IPv4, IPv6, VLAN-tagged frames, oversized or malformed ARP, any
+ * other EtherType) is metered against the cap of the crossing's cell with a
+ * two-rate three-colour byte meter; red is dropped. IPv4 leaving the subject
+ * (a crossing marked `inside`) with a source outside the pod's prefixes is
+ * spoofed and dropped: forging another pod's source must not buy exemption at
+ * that pod's ingress.
  *
  * Cells: the control plane gives each (subject, direction) a cell index,
  * subject being the pod or node this device limits and direction egress
  * (leaving the subject) or ingress (entering it). Counters are indexed
  * cell * 8 + class and cell * 8 + colour (0-2 the meter's, 3: over the window
- * budget, 4: no valid lease).
+ * budget, 4: no valid lease, 5: ARP over its own allowance). Every frame that
+ * crosses is counted in exactly one class.
  *
  * Lease: metered traffic crosses only while the DPU holds a lease. The control
  * plane writes lease_cfg's default action lease(gen, lifetime) and renews it by
@@ -45,17 +61,20 @@ const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<16> ETHERTYPE_ARP  = 0x0806;
 
 // Traffic classes, the low 3 bits of a class_counter index.
-const bit<3> CLASS_INTRA    = 0;  // IPv4, source and destination in the pod: exempt
-const bit<3> CLASS_ARP      = 1;  // exempt
+const bit<3> CLASS_INTRA    = 0;  // IPv4 between this node and a pod peer, both addresses in the pod: exempt
+const bit<3> CLASS_ARP      = 1;  // well-formed, minimum-size ARP: its own small meter
 const bit<3> CLASS_IPV4     = 2;  // any other well-formed, unfragmented IPv4: metered
 const bit<3> CLASS_FRAGMENT = 3;  // IPv4 fragments: metered
-const bit<3> CLASS_OTHER    = 4;  // malformed IPv4 and every non-IPv4 EtherType: metered
+const bit<3> CLASS_OTHER    = 4;  // malformed IPv4 or ARP, every other EtherType: metered
 const bit<3> CLASS_SPOOFED  = 5;  // IPv4 from inside with a source outside the pod: dropped
 
 #define MAX_CELLS 256
+#define ARP_CELLS 256   // boundary_meter cells from here on are the ARP meters, one per cell
 #define NSLOT 16
+const bit<32> ARP_MAX_FRAME = 60;  // an Ethernet/IPv4 ARP frame padded to the minimum frame, no FCS
 const bit<2> COLOR_WINDOW = 3;  // over the window budget: dropped
 const bit<3> CODE_LEASE = 4;    // colour-counter code of traffic without a valid lease: dropped
+const bit<3> CODE_ARP_RED = 5;  // colour-counter code of ARP over its own allowance: dropped
 
 header ethernet_t {
     bit<48> dstAddr;
@@ -78,9 +97,22 @@ header ipv4_t {
     bit<32> dstAddr;
 }
 
+header arp_t {
+    bit<16> htype;
+    bit<16> ptype;
+    bit<8>  hlen;
+    bit<8>  plen;
+    bit<16> oper;
+    bit<48> sha;
+    bit<32> spa;
+    bit<48> tha;
+    bit<32> tpa;
+}
+
 struct headers_t {
     ethernet_t ethernet;
     ipv4_t     ipv4;
+    arp_t      arp;
 }
 
 struct metadata_t {
@@ -94,6 +126,7 @@ struct metadata_t {
     bit<1>  lease_on;
     bit<32> lease_gen;
     bit<48> lease_life;
+    bit<48> peer_mac;   // the Ethernet address that must be a pod peer for exemption
 }
 
 parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -102,8 +135,13 @@ parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
         packet.extract(hdr.ethernet);
         transition select(hdr.ethernet.etherType) {
             ETHERTYPE_IPV4: parse_ipv4;
+            ETHERTYPE_ARP: parse_arp;
             default: accept;
         }
+    }
+    state parse_arp {
+        packet.extract(hdr.arp);
+        transition accept;
     }
     state parse_ipv4 {
         packet.extract(hdr.ipv4);
@@ -125,7 +163,7 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                        inout standard_metadata_t standard_metadata) {
     counter(MAX_CELLS * 8, CounterType.packets_and_bytes) class_counter;
     counter(MAX_CELLS * 8, CounterType.packets_and_bytes) color_counter;
-    meter(MAX_CELLS, MeterType.bytes) boundary_meter;
+    meter(ARP_CELLS + MAX_CELLS, MeterType.bytes) boundary_meter;  // cells, then their ARP meters
     register<bit<64>>(MAX_CELLS * NSLOT) slot_epoch;
     register<bit<64>>(MAX_CELLS * NSLOT) slot_bytes;
     register<bit<32>>(1) lease_gen;      // the lease generation the data plane has latched
@@ -190,9 +228,19 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         size = 1024;
     }
 
+    // The MACs of the other nodes of this node's pod (empty on a pod uplink: nothing is exempt there).
+    table pod_peers {
+        key = { meta.peer_mac: exact; }
+        actions = { NoAction; }
+        default_action = NoAction();
+        size = 1024;
+    }
+
     apply {
         if (boundary.apply().hit) {
-            if (hdr.ethernet.etherType == ETHERTYPE_ARP) {
+            if (hdr.arp.isValid() && hdr.arp.htype == 1 && hdr.arp.ptype == ETHERTYPE_IPV4
+                    && hdr.arp.hlen == 6 && hdr.arp.plen == 4 && (hdr.arp.oper == 1 || hdr.arp.oper == 2)
+                    && standard_metadata.packet_length <= ARP_MAX_FRAME) {
                 meta.class = CLASS_ARP;
             } else if (hdr.ipv4.isValid() && hdr.ipv4.version == 4 && hdr.ipv4.ihl >= 5) {
                 bool src_inside = src_in_pod.apply().hit;
@@ -202,9 +250,16 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                     meta.class = CLASS_FRAGMENT;
                 } else {
                     meta.class = CLASS_IPV4;
+                    if (meta.inside == 1) {
+                        meta.peer_mac = hdr.ethernet.dstAddr;
+                    } else {
+                        meta.peer_mac = hdr.ethernet.srcAddr;
+                    }
                     if (src_inside) {
                         if (dst_in_pod.apply().hit) {
-                            meta.class = CLASS_INTRA;
+                            if (pod_peers.apply().hit) {
+                                meta.class = CLASS_INTRA;
+                            }
                         }
                     }
                 }
@@ -214,7 +269,13 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
             class_counter.count((meta.cell << 3) | (bit<32>)meta.class);
             if (meta.class == CLASS_SPOOFED) {
                 mark_to_drop(standard_metadata);
-            } else if (meta.class != CLASS_INTRA && meta.class != CLASS_ARP) {
+            } else if (meta.class == CLASS_ARP) {
+                boundary_meter.execute_meter(ARP_CELLS + meta.cell, meta.color);
+                if (meta.color == V1MODEL_METER_COLOR_RED) {
+                    color_counter.count((meta.cell << 3) | (bit<32>)CODE_ARP_RED);
+                    mark_to_drop(standard_metadata);
+                }
+            } else if (meta.class != CLASS_INTRA) {
                 bool leased = false;
                 lease_cfg.apply();
                 if (meta.lease_on == 1) {
@@ -285,6 +346,7 @@ control LimiterDeparser(packet_out packet, in headers_t hdr) {
     apply {
         packet.emit(hdr.ethernet);
         packet.emit(hdr.ipv4);
+        packet.emit(hdr.arp);
     }
 }
 

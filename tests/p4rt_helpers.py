@@ -17,6 +17,8 @@ from scapy.packet import Raw
 from conftest import BMV2_JSON, P4INFO
 
 A_HOST, B_HOST = "10.0.1.1", "10.0.2.1"
+PEERS = "LimiterIngress.pod_peers"
+ARP_CELLS = 256  # limiter.p4: boundary_meter cell ARP_CELLS + c is cell c's ARP meter
 
 
 def config() -> p4r.ForwardingPipelineConfig:
@@ -120,17 +122,27 @@ def lease_entry(sch: object, gen: int, lifetime_us: int) -> p4r.Entity:
     return P4TableEntry("LimiterIngress.lease_cfg", action=action, is_default_action=True).encode(sch)
 
 
-async def program_limiter(c: Client, rate_bytes_s: int, burst: int) -> object:
-    """Pipeline, meter (both cells), a long lease, exemption prefix of pod a, boundary 0<->1."""
+async def program_limiter(
+    c: Client, rate_bytes_s: int, burst: int, peers: tuple[str, ...] = (), arp: tuple[int, int] | None = None
+) -> object:
+    """Pipeline, meter (both cells), a long lease, exemption prefix of pod a, boundary 0<->1; with
+    `peers`, those MACs as pod peers (a node DPU's); with `arp` = (bytes/s, burst), ARP's meters
+    (else unconfigured: they pass everything, as bmv2's do)."""
     from finsy import P4MeterConfig, P4MeterEntry
 
     sch = schema()
     await c.set_pipeline(config())
     cfg = P4MeterConfig(cir=rate_bytes_s, cburst=burst, pir=rate_bytes_s, pburst=burst)
-    for cell in (0, 1):
+    cells = [(cell, cfg) for cell in (0, 1)]
+    if arp is not None:
+        arp_cfg = P4MeterConfig(cir=arp[0], cburst=arp[1], pir=arp[0], pburst=arp[1])
+        cells += [(ARP_CELLS + cell, arp_cfg) for cell in (0, 1)]
+    for cell, mc in cells:
         await c.write(
-            update(p4r.Update.MODIFY, P4MeterEntry("LimiterIngress.boundary_meter", index=cell, config=cfg).encode(sch))
+            update(p4r.Update.MODIFY, P4MeterEntry("LimiterIngress.boundary_meter", index=cell, config=mc).encode(sch))
         )  # type: ignore[arg-type]
+    for mac in peers:
+        await c.write(update(p4r.Update.INSERT, table_entry(sch, PEERS, "NoAction", {"meta.peer_mac": mac}, {})))
     await c.write(update(p4r.Update.MODIFY, lease_entry(sch, 1, LONG_LEASE_US)))
     ins = p4r.Update.INSERT
     await c.write(

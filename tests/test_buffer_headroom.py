@@ -30,19 +30,22 @@ POD = Pod("a", ("10.0.1.0/24",))
 def test_bucket_and_budget_are_reduced_by_the_buffer() -> None:
     dpu = Dpu("d", "127.0.0.1:1", 1, "a", buffer_bytes=300_000)
     rate = dp.intent_for(dpu, POD, Cap(8e6, 16e6, 2.0, 1_000_000))
-    assert {c: (m.cburst, m.pburst) for c, m in rate.meters.items()} == {0: (700_000, 700_000), 1: (700_000, 700_000)}
-    assert (rate.meters[0].cir, rate.meters[1].cir) == (1_000_000, 2_000_000)  # rates are untouched
+    # The bucket less the buffer and ARP's own 600-byte bucket; the rate less ARP's 1000 B/s.
+    data = {c: (m.cir, m.cburst, m.pburst) for c, m in rate.meters.items() if c < dp.ARP_CELLS}
+    assert data == {0: (999_000, 699_400, 699_400), 1: (1_999_000, 699_400, 699_400)}
+    assert {rate.meters[dp.ARP_CELLS + c] for c in (0, 1)} == {dp.ARP_METER}
     window = dp.intent_for(dpu, POD, Cap(8e6, 16e6, 4.0, 16_384, mode="window"))
-    assert {c: w[0] for c, w in window.windows.items()} == {0: 4_000_000 - 300_000, 1: 8_000_000 - 300_000}
-    # Without a buffer, the cap's own figures.
+    # The budget less the buffer and all that ARP may pass in a window (1000 B/s x 4 s + its bucket).
+    assert {c: w[0] for c, w in window.windows.items()} == {0: 4_000_000 - 304_600, 1: 8_000_000 - 304_600}
+    # Without a buffer, the cap's own figures less ARP's.
     plain = dp.intent_for(Dpu("d", "127.0.0.1:1", 1, "a"), POD, Cap(8e6, 16e6, 2.0, 1_000_000))
-    assert plain.meters[0].cburst == 1_000_000
+    assert plain.meters[0].cburst == 1_000_000 - 600
 
 
 def test_a_buffer_larger_than_the_allowance_fails_closed() -> None:
     dpu = Dpu("d", "127.0.0.1:1", 1, "a", buffer_bytes=2_000_000)
     intent = dp.intent_for(dpu, POD, Cap(8e6, 8e6, 2.0, 1_000_000))
-    assert all(m.cburst == 0 and m.pburst == 0 for m in intent.meters.values())
+    assert all(m.cburst == 0 and m.pburst == 0 for c, m in intent.meters.items() if c < dp.ARP_CELLS)
 
 
 def test_node_shares_keep_the_mode_and_leave_room_for_buffers() -> None:
@@ -95,4 +98,6 @@ async def test_the_target_holds_the_reduced_bucket(tmp_path: Path) -> None:
     async with programmed_target(tmp_path, (8e6, 8e6, 2.0, 1_000_000), buffer_bytes=294_492) as (device, _, _):
         assert device.pipeline is not None
         meter = device.pipeline.program.meters["LimiterIngress.boundary_meter"]
-        assert meter.get_p4runtime_config(0) == (1_000_000, 705_508, 1_000_000, 705_508)
+        # The rate less ARP's 1000 B/s; the bucket less the buffer and ARP's 600 bytes.
+        assert meter.get_p4runtime_config(0) == (999_000, 704_908, 999_000, 704_908)
+        assert meter.get_p4runtime_config(dp.ARP_CELLS) == (1000, 600, 1000, 600)

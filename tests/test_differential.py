@@ -38,7 +38,17 @@ def frames() -> list[tuple[int, bytes]]:
     out += [(0, bytes(Ether(type=0x0800) / Raw(b"\x45\x00\x00\x10")))]  # truncated IPv4
     out += [(0, bytes(Ether() / IP(src=A_HOST, dst=B_HOST, version=6) / UDP()))]
     out += [(0, udp(B_HOST, "10.0.2.9", 300)), (0, udp("10.0.2.7", B_HOST, 300))]  # sources forged: dropped
-    out += [(1, udp("10.0.1.7", A_HOST, 300))]  # from outside, a pod source is not checked: exempt
+    out += [(1, udp("10.0.1.7", A_HOST, 300))]  # from outside with pod addresses, but not from a peer: metered
+    # Exemption claims and ARP look-alikes (the red-team shapes at the frame level).
+    peer, other = "02:00:00:00:00:02", "02:01:01:00:00:00"
+    out += [(0, bytes(Ether(dst=other) / IP(src=A_HOST, dst="10.0.1.77") / UDP() / Raw(b"c" * 200)))]
+    out += [(0, bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / IP(src=A_HOST, dst="10.0.1.255") / UDP()))]
+    out += [(0, bytes(Ether(dst=peer, type=0x0806) / Raw(b"\x00" * 1000)))]  # ARP's EtherType, no ARP in it
+    out += [(0, bytes(Ether(dst=peer) / ARP(psrc=A_HOST, pdst="10.0.1.7") / Raw(b"p" * 800)))]  # padded ARP
+    out += [(0, bytes(Ether(dst=peer) / ARP(op=9, psrc=A_HOST, pdst="10.0.1.7")))]  # no such operation
+    out += [(0, bytes(Ether(dst=peer, type=0x0806) / Raw(b"\x00\x01\x08\x00")))]  # truncated ARP
+    out += [(0, bytes(Ether(dst=peer) / ARP(psrc=A_HOST, pdst="10.0.1.7")))] * 3  # minimum ARP: its own bucket
+    out += [(1, bytes(Ether(src=peer) / IP(src="10.0.1.7", dst=A_HOST) / UDP() / Raw(b"i" * 100)))]  # from a peer
     return out
 
 
@@ -50,8 +60,8 @@ def bmv2() -> Iterator[tuple[str, dict[int, socket.socket]]]:
 
 
 async def _counters(c: Client, sch: object) -> dict[tuple[str, int], tuple[int, int]]:
-    cells = [("LimiterIngress.class_counter", cell * 8 + k) for cell in (0, 1) for k in range(5)]
-    cells += [("LimiterIngress.color_counter", cell * 8 + k) for cell in (0, 1) for k in range(5)]
+    cells = [("LimiterIngress.class_counter", cell * 8 + k) for cell in (0, 1) for k in range(6)]
+    cells += [("LimiterIngress.color_counter", cell * 8 + k) for cell in (0, 1) for k in range(6)]
     out = {}
     for name, idx in cells:
         [ent] = await c.read(P4CounterEntry(name, index=idx).encode(sch))  # type: ignore[arg-type]
@@ -69,8 +79,9 @@ async def test_same_frames_same_outputs_and_counters(
         await cb.responses.get()
         ce = await connect(emb_channel, 5)
         await ce.responses.get()
-        sch = await program_limiter(cb, rate_bytes_s=1, burst=3000)
-        await program_limiter(ce, rate_bytes_s=1, burst=3000)
+        peers, arp = ("02:00:00:00:00:02",), (1, 100)  # ARP's bucket: two 42-byte frames
+        sch = await program_limiter(cb, rate_bytes_s=1, burst=3000, peers=peers, arp=arp)
+        await program_limiter(ce, rate_bytes_s=1, burst=3000, peers=peers, arp=arp)
         mismatches = []
         for port, frame in frames():
             want = through_bmv2(socks, port, frame)

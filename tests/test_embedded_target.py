@@ -36,18 +36,58 @@ async def test_meter_caps_inter_pod_and_exempts_intra_pod(in_process_target: InP
     device, channel = in_process_target
     c = await connect(channel, 5)
     assert (await c.responses.get()).arbitration.status.code == 0  # primary
-    await program_limiter(c, rate_bytes_s=1, burst=3000)  # 1 B/s: only the 3000-byte bucket passes
+    # A node DPU whose pod peer is 02:00:00:00:00:02 (udp()'s destination MAC).
+    await program_limiter(c, rate_bytes_s=1, burst=3000, peers=("02:00:00:00:00:02",))
     frame = udp(A_HOST, B_HOST, 1000)  # 1042 bytes on the wire
     out = [device.process(0, frame) for _ in range(4)]
     assert [len(o) for o in out] == [1, 1, 0, 0]  # 2 x 1042 <= 3000 < 3 x 1042
     assert out[0] == [(1, frame)]  # forwarded unchanged to the uplink
     intra = udp(A_HOST, "10.0.1.7", 1000)
-    assert all(device.process(0, intra) == [(1, intra)] for _ in range(10))  # exempt
+    assert all(device.process(0, intra) == [(1, intra)] for _ in range(10))  # to a pod peer: exempt
     arp = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=A_HOST, pdst="10.0.1.254"))
     assert device.process(0, arp) == [(1, arp)]
     # Ingress direction has its own cell, with its own full bucket.
     back = udp(B_HOST, A_HOST, 1000)
     assert [len(device.process(1, back)) for _ in range(3)] == [1, 1, 0]
+
+
+async def test_exemption_is_proved_by_placement_never_claimed(in_process_target: InProcess) -> None:
+    """Intra-pod addresses buy nothing without a pod peer's MAC; a pod uplink (no peers) exempts nothing."""
+    device, channel = in_process_target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    await program_limiter(c, rate_bytes_s=1, burst=0, peers=("02:00:00:00:00:02",))
+    claims = [
+        bytes(Ether(src="02:00:00:00:00:01", dst=mac) / IP(src=A_HOST, dst="10.0.1.77") / UDP() / Raw(b"x" * 900))
+        for mac in ("02:01:01:00:00:00", "ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "02:00:00:00:00:01")
+    ]
+    # Another pod's host, broadcast, multicast, the sender itself: all metered, and the bucket is empty.
+    assert all(device.process(0, f) == [] for f in claims)
+    # A frame with ARP's EtherType that is not minimum-size, well-formed ARP: metered as any other.
+    fat_arp = bytes(Ether(dst="02:00:00:00:00:02", type=0x0806) / Raw(b"\x00" * 1400))
+    padded_arp = bytes(Ether(dst="02:00:00:00:00:02") / ARP(psrc=A_HOST, pdst="10.0.1.7") / Raw(b"\x00" * 1000))
+    bad_op = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(op=3, psrc=A_HOST, pdst="10.0.1.7"))
+    assert [device.process(0, f) for f in (fat_arp, padded_arp, bad_op)] == [[], [], []]
+    # Entering the node, exempt only from a pod peer's MAC: the router's frames with pod addresses are metered.
+    inward = IP(src="10.0.1.7", dst=A_HOST) / UDP()
+    from_router = bytes(Ether(src="02:99:00:00:00:01", dst="02:00:00:00:00:01") / inward)
+    from_peer = bytes(Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01") / inward)
+    assert device.process(1, from_router) == []
+    assert device.process(1, from_peer) == [(0, from_peer)]
+
+
+async def test_arp_has_its_own_small_meter(in_process_target: InProcess) -> None:
+    """Minimum-size ARP passes when the cap's meter is empty, but only within ARP's own bucket."""
+    device, channel = in_process_target
+    c = await connect(channel, 5)
+    await c.responses.get()
+    await program_limiter(c, rate_bytes_s=1, burst=0, arp=(1, 600))
+    arp = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=A_HOST, pdst="10.0.1.254"))  # 42 bytes
+    assert device.process(0, udp(A_HOST, B_HOST, 100)) == []  # the cap's bucket is empty
+    passed = sum(len(device.process(0, arp)) for _ in range(40))
+    assert passed == 600 // len(arp)  # 14 of 42 bytes fill the 600-byte bucket
+    # The other direction has its own ARP bucket.
+    assert device.process(1, arp) == [(0, arp)]
 
 
 async def test_forged_sources_from_inside_are_dropped_and_counted(in_process_target: InProcess) -> None:

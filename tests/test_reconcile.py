@@ -89,7 +89,8 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
                 await probe.responses.get()
                 meters = await probe.read(P4MeterEntry("LimiterIngress.boundary_meter", index=1).encode(sch))
                 cfg = meters[0].meter_entry.config
-                assert (cfg.cir, cfg.cburst, cfg.pir, cfg.pburst) == (1_250_000, 50_000, 1_250_000, 50_000)
+                # The cap less ARP's own allowance (1000 B/s, a 600-byte bucket).
+                assert (cfg.cir, cfg.cburst, cfg.pir, cfg.pburst) == (1_249_000, 49_400, 1_249_000, 49_400)
                 # The operator's controller (a lower election id) is a backup: it cannot write.
                 rogue = table_entry(
                     sch,
@@ -143,7 +144,7 @@ async def test_drift_is_corrected_and_reported(tmp_path: Path, renewed: bool) ->
         assert "leases" not in st.last_drift  # the renewal is ours
         assert len(table.entries) == 2
         cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
-        assert cfg == (2_500_000, 50_000, 2_500_000, 50_000)
+        assert cfg == (2_499_000, 49_400, 2_499_000, 49_400)
 
 
 async def test_another_program_with_the_same_tables_is_found_by_its_hash(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from conftest import ROOT, register, serve_in_process
 from dpu_lab.config import load_scenario
 from dpu_lab.virtual import VirtualLabRun
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.dataplane import ARP_CELLS
 from dpu_limiter.models import Cap
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.shares import lesser, split, total
@@ -37,13 +38,14 @@ def test_lesser() -> None:
 
 
 def _granted(devices: list[Device]) -> float:
-    """Sum of the egress meter rates the node DPUs hold right now, in bit/s."""
+    """Sum of the egress meter rates the node DPUs hold right now (data and ARP's), in bit/s."""
     rate = 0.0
     for d in devices:
         if d.pipeline is None:
             continue
-        cfg = d.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
-        rate += 0 if cfg is None else cfg[2] * 8
+        for cell in (0, ARP_CELLS):
+            cfg = d.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(cell)
+            rate += 0 if cfg is None else cfg[2] * 8
     return rate
 
 

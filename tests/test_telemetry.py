@@ -24,7 +24,8 @@ async def _limited_pod(tmp_path: Path, address: str) -> ControlPlane:
     async with LimiterClient(plane.address) as c:
         await c.apply_pod("a", ["10.0.1.0/24"])
         await register(c, "dpu-a", address)
-        await c.set_pod_cap("a", 8 * 1000, 8 * 1000, 1.0, 3000)  # 1000 B/s, 3000-byte bucket
+        # 2000 B/s and a 3600-byte bucket: the data meter gets 1000 B/s and 3000 bytes, ARP the rest.
+        await c.set_pod_cap("a", 8 * 2000, 8 * 2000, 1.0, 3600)
         await c.wait_converged(timeout=30)
     return plane
 

@@ -657,7 +657,7 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     prev: dict[tuple[str, str, str], tuple[float, dict[str, int]]] = {}
-    fields = ("metered_bytes", "green_bytes", "red_bytes", "window_bytes", "lease_bytes", "exempt_bytes")
+    fields = ("metered_bytes", "green_bytes", "red_bytes", "window_bytes", "lease_bytes", "intra_bytes", "arp_bytes")
 
     def rates(sample: pb.UsageSample) -> list[tuple[str, str, str, dict[str, float]]]:
         out = []
@@ -695,7 +695,8 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                         "dropped (red)",
                         "dropped (window)",
                         "dropped (no lease)",
-                        "exempt",
+                        "intra-pod",
+                        "ARP",
                         "not read",
                         title="bit/s across each pod's boundary (Ctrl-C to stop)",
                     )
@@ -721,7 +722,8 @@ def _unread(u: dict) -> str:  # type: ignore[type-arg]
 
 # Usage table columns: the last three are what the DPU dropped (meter red, window budget, no lease).
 USAGE_COLUMNS = (
-    "exempt_bytes",
+    "intra_bytes",
+    "arp_bytes",
     "metered_bytes",
     "green_bytes",
     "yellow_bytes",
@@ -729,6 +731,7 @@ USAGE_COLUMNS = (
     "window_bytes",
     "lease_bytes",
     "spoofed_bytes",
+    "arp_dropped_bytes",
 )
 
 
@@ -741,7 +744,8 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
             "pod",
             "dpu",
             "direction",
-            "exempt B",
+            "intra-pod B",
+            "ARP B",
             "metered B",
             "green B",
             "yellow B",
@@ -749,6 +753,7 @@ def _print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
             "window B",
             "no lease B",
             "spoofed B",
+            "ARP over B",
             "not read",
         )
         for u in doc.get("usage", []):

@@ -29,6 +29,7 @@ def dpu_to_pb(d: Dpu) -> pb.Dpu:
         host_port=d.host_port,
         uplink_port=d.uplink_port,
         buffer_bytes=d.buffer_bytes,
+        node_mac=d.node_mac,
     )
 
 
@@ -71,6 +72,7 @@ def dpu_from_pb(d: pb.Dpu, field_prefix: str = "dpu") -> Dpu:
         d.host_port,
         d.uplink_port if d.uplink_port or d.host_port else 1,
         d.buffer_bytes,
+        d.node_mac,
     )
     return Dpu.validated(dpu, field_prefix)
 
@@ -87,6 +89,7 @@ def describe(obj: Pod | Dpu | Cap | Router | None) -> str:
         return (
             f"{obj.p4runtime_address} device {obj.device_id}, pod {obj.pod}, {obj.role.value}, "
             f"ports host {obj.host_port} uplink {obj.uplink_port}, buffer {obj.buffer_bytes} B"
+            + (f", node MAC {obj.node_mac}" if obj.node_mac else "")
         )
     return (
         f"{obj.mode} mode, egress {obj.egress_bps / 1e6:g} Mbit/s, ingress {obj.ingress_bps / 1e6:g} Mbit/s, "

@@ -11,8 +11,8 @@ from pathlib import Path
 import finsy as fy
 from finsy.proto import p4r
 
-from .models import Cap, Dpu, InvalidArgument, Pod
-from .units import MAX_FRAME_BYTES, MAX_PI_BURST, MeterParams, cap_meter
+from .models import Cap, Dpu, InvalidArgument, Pod, Role
+from .units import ARP_BURST_BYTES, ARP_RATE_BPS, MAX_FRAME_BYTES, MAX_PI_BURST, MeterParams, cap_meter
 
 TABLE_BOUNDARY = "LimiterIngress.boundary"
 ACTION_CROSS = "LimiterIngress.cross"
@@ -21,6 +21,8 @@ TABLE_DST_IN_POD = "LimiterIngress.dst_in_pod"
 FIELD_SRC = "hdr.ipv4.srcAddr"
 FIELD_DST = "hdr.ipv4.dstAddr"
 FIELD_INGRESS_PORT = "standard_metadata.ingress_port"
+TABLE_PEERS = "LimiterIngress.pod_peers"
+FIELD_PEER_MAC = "meta.peer_mac"
 ACTION_NO_ACTION = "NoAction"
 METER = "LimiterIngress.boundary_meter"
 TABLE_WINDOW = "LimiterIngress.window_cfg"
@@ -32,14 +34,21 @@ COLOR_COUNTER = "LimiterIngress.color_counter"
 
 # A DPU limits one subject (its pod, or its node): cell 0 is egress, cell 1 ingress.
 CELLS = {"egress": 0, "ingress": 1}
+ARP_CELLS = 256  # boundary_meter cell ARP_CELLS + c is the ARP meter of cell c (limiter.p4)
+METER_CELLS = (*CELLS.values(), *(ARP_CELLS + c for c in CELLS.values()))
 CLASSES = {"intra": 0, "arp": 1, "ipv4": 2, "fragment": 3, "other": 4, "spoofed": 5}
-COLORS = {"green": 0, "yellow": 1, "red": 2, "window": 3, "lease": 4}  # colour-counter codes, cell * 8 + code
+# Colour-counter codes, cell * 8 + code; arp_red: ARP over its own allowance.
+COLORS = {"green": 0, "yellow": 1, "red": 2, "window": 3, "lease": 4, "arp_red": 5}
 TABLE_LEASE = "LimiterIngress.lease_cfg"
 ACTION_LEASE = "LimiterIngress.lease"
 MAX_LEASE_GEN = (1 << 32) - 1
 
 # Unset cap: the meter still runs, at zero: only exempt traffic crosses (fail closed).
 FLOOR = MeterParams(cir=0, cburst=0, pir=0, pburst=0)
+# Neighbour discovery's own meter: what a DPU passes of well-formed minimum-size ARP. It is carved
+# out of the DPU's share (the data meter or budget gets the rest), so that the two together never
+# pass more than the share; with no share (the floor) it is at zero too.
+ARP_METER = cap_meter(ARP_RATE_BPS, ARP_BURST_BYTES, "arp")
 # Window mode: the budget does the limiting; the meter only stops what no link could carry anyway.
 OPEN_METER = MeterParams(cir=10**12, cburst=MAX_PI_BURST, pir=10**12, pburst=MAX_PI_BURST)
 
@@ -78,6 +87,7 @@ class Intent:
     prefixes: tuple[str, ...]
     boundary: tuple[tuple[int, int, int, int], ...]  # (ingress_port, egress_port, cell, inside)
     lease: tuple[int, int] | None = None  # (generation, lifetime in microseconds); None: no lease, the floor
+    peers: tuple[str, ...] = ()  # MACs of the pod's other nodes (node DPUs only): who is intra-pod
 
 
 # The lists of a Plan that each part of an Intent gives rise to.
@@ -85,22 +95,34 @@ PLAN_PARTS = {
     "meters": ("meters",),
     "windows": ("set_windows", "modify_windows", "delete_windows"),
     "prefixes": ("delete_exemptions", "insert_exemptions"),
+    "peers": ("delete_exemptions", "insert_exemptions"),
     "boundary": ("insert_boundary", "modify_boundary", "delete_boundary"),
     "lease": ("lease",),
 }
 
 
+def arp_allowance(cap: Cap, direction: str) -> tuple[float, int]:
+    """(rate bit/s, burst bytes) of the ARP meter under `cap`: ARP's fixed allowance, or all of a
+    share too small to hold it (the data meter then gets nothing)."""
+    return min(ARP_RATE_BPS, getattr(cap, f"{direction}_bps")), min(ARP_BURST_BYTES, cap.burst_bytes)
+
+
 def allowances(dpu: Dpu, cap: Cap) -> dict[str, int]:
     """Bytes beyond the rate that `dpu` may pass per direction: its bucket, or in window mode its budget.
 
-    Both are the cap's figure less the DPU's buffer after its meter (never below 0: fail closed), so
-    that what leaves the DPU's queues in any window stays within the cap's allowance.
+    Both are the cap's figure less the DPU's buffer after its meter and less ARP's share of it
+    (its burst; in window mode all it may pass in a window), never below 0: fail closed, so that
+    what leaves the DPU's queues in any window stays within the cap's allowance.
     """
-    if cap.mode == "window":
-        figures = {d: window_params(getattr(cap, f"{d}_bps"), cap.window_s)[0] for d in CELLS}
-    else:
-        figures = dict.fromkeys(CELLS, cap.burst_bytes)
-    return {d: max(0, b - dpu.buffer_bytes) for d, b in figures.items()}
+    out = {}
+    for d in CELLS:
+        arp_bps, arp_burst = arp_allowance(cap, d)
+        if cap.mode == "window":
+            figure = window_params(getattr(cap, f"{d}_bps"), cap.window_s)[0] - int(arp_bps / 8 * cap.window_s)
+        else:
+            figure = cap.burst_bytes
+        out[d] = max(0, figure - arp_burst - dpu.buffer_bytes)
+    return out
 
 
 def check_fits(dpu: Dpu, cap: Cap, what: str, dpu_field: str | None = None, cap_field: str = "cap") -> None:
@@ -121,42 +143,63 @@ def check_fits(dpu: Dpu, cap: Cap, what: str, dpu_field: str | None = None, cap_
         raise InvalidArgument(
             field,
             value,
-            f"{what} on DPU {dpu.name!r}, less its buffer of {dpu.buffer_bytes} bytes after the meter, "
-            f"leaves {smallest} bytes, less than one {MAX_FRAME_BYTES}-byte frame",
+            f"{what} on DPU {dpu.name!r}, less its buffer of {dpu.buffer_bytes} bytes after the meter and "
+            f"ARP's allowance, leaves {smallest} bytes, less than one {MAX_FRAME_BYTES}-byte frame",
         )
 
 
-def intent_for(dpu: Dpu, pod: Pod | None, cap: Cap | None, lease: tuple[int, int] | None = None) -> Intent:
-    """Desired data-plane state of `dpu` given its pod, the pod's cap (if any) and its lease (if any)."""
+def intent_for(
+    dpu: Dpu,
+    pod: Pod | None,
+    cap: Cap | None,
+    lease: tuple[int, int] | None = None,
+    peers: tuple[str, ...] = (),
+) -> Intent:
+    """Desired data-plane state of `dpu` given its pod, the pod's cap (if any), its lease (if any)
+    and the node MACs of its pod (`peers`: taken only by a node DPU, less its own)."""
     windows: dict[int, tuple[int, int]] = {}
     if cap is None:
         meters = {CELLS["egress"]: FLOOR, CELLS["ingress"]: FLOOR}
+        arp = {ARP_CELLS + cell: FLOOR for cell in CELLS.values()}
     elif cap.mode == "window":
         meters = {CELLS["egress"]: OPEN_METER, CELLS["ingress"]: OPEN_METER}
         budgets = allowances(dpu, cap)
         windows = {
             cell: (budgets[d], window_params(getattr(cap, f"{d}_bps"), cap.window_s)[1]) for d, cell in CELLS.items()
         }
+        arp = {ARP_CELLS + cell: cap_meter(*arp_allowance(cap, d)) for d, cell in CELLS.items()}
     else:
         bursts = allowances(dpu, cap)
-        meters = {cell: cap_meter(getattr(cap, f"{d}_bps"), bursts[d], f"cap.{d}_bps") for d, cell in CELLS.items()}
+        meters, arp = {}, {}
+        for d, cell in CELLS.items():
+            arp_bps, arp_burst = arp_allowance(cap, d)
+            meters[cell] = cap_meter(getattr(cap, f"{d}_bps") - arp_bps, bursts[d], f"cap.{d}_bps")
+            arp[ARP_CELLS + cell] = cap_meter(arp_bps, arp_burst)
     # From the host side, IPv4 must carry the pod's own sources (limiter.p4 drops the rest as spoofed).
     boundary = (
         (dpu.host_port, dpu.uplink_port, CELLS["egress"], 1),
         (dpu.uplink_port, dpu.host_port, CELLS["ingress"], 0),
     )
+    # Only a node DPU knows pod peers: nothing that crosses a pod uplink is intra-pod.
+    mates = tuple(sorted(set(peers) - {dpu.node_mac})) if dpu.role is Role.NODE else ()
     return Intent(
-        meters=meters,
+        meters={**meters, **arp},
         windows=windows,
         prefixes=pod.ipv4_prefixes if pod else (),
         boundary=boundary,
         lease=lease if cap is not None else None,
+        peers=mates,
     )
 
 
 def prefix_entities(intent: Intent) -> list[fy.P4TableEntry]:
-    """Exemption entries: a packet is intra-pod when both lookups hit."""
-    out = []
+    """Exemption entries: a packet is intra-pod when both prefix lookups and the peer lookup hit."""
+    out = [
+        fy.P4TableEntry(
+            TABLE_PEERS, match=fy.P4TableMatch({FIELD_PEER_MAC: mac}), action=fy.P4TableAction(ACTION_NO_ACTION)
+        )
+        for mac in intent.peers
+    ]
     for prefix in intent.prefixes:
         out.append(
             fy.P4TableEntry(
@@ -328,12 +371,13 @@ class Codec:
         window_action = schema.actions[ACTION_WINDOW]
         self.window_params = (window_action.params["budget"].id, window_action.params["mult"].id)
         self.table_names = {
-            schema.tables[n].id: n for n in (TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_BOUNDARY, TABLE_WINDOW)
+            schema.tables[n].id: n
+            for n in (TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_PEERS, TABLE_BOUNDARY, TABLE_WINDOW)
         }
         reads: list[fy.P4TableEntry | fy.P4MeterEntry] = [
             *(fy.P4TableEntry(name) for name in self.table_names.values()),
             fy.P4TableEntry(TABLE_LEASE, is_default_action=True),
-            *(fy.P4MeterEntry(METER, index=cell) for cell in sorted(CELLS.values())),
+            *(fy.P4MeterEntry(METER, index=cell) for cell in METER_CELLS),
         ]
         # One Read for the managed tables and the meter cells: what a reconcile diffs and confirms.
         self.reads = [e.encode(schema) for e in reads]
@@ -343,7 +387,7 @@ class Codec:
 
     def tables(self, intent: Intent) -> dict[str, dict[bytes, p4r.TableEntry]]:
         """The intent's entries of each managed table, by identity (encoded once per pod layout)."""
-        key = (intent.prefixes, intent.boundary, tuple(sorted(intent.windows.items())))
+        key = (intent.prefixes, intent.peers, intent.boundary, tuple(sorted(intent.windows.items())))
         if self._tables_of is None or self._tables_of[0] != key:
 
             def keyed(entries: list[fy.P4TableEntry]) -> dict[bytes, p4r.TableEntry]:
@@ -356,6 +400,7 @@ class Codec:
                 {
                     TABLE_SRC_IN_POD: keyed([e for e in prefixes if e.table_id == TABLE_SRC_IN_POD]),
                     TABLE_DST_IN_POD: keyed([e for e in prefixes if e.table_id == TABLE_DST_IN_POD]),
+                    TABLE_PEERS: keyed([e for e in prefixes if e.table_id == TABLE_PEERS]),
                     TABLE_BOUNDARY: keyed(boundary_entities(intent)),
                     TABLE_WINDOW: keyed(window_entities(intent)),
                 },
@@ -440,12 +485,12 @@ class Codec:
         ways |= {self._window_way(held.entries[entry_key(te)], te) for te in modify_windows}
         ways |= {_meter_way(held.meters.get(cell), intent.meters[cell]) for cell in cells}
         return Plan(
-            delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD),
+            delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_PEERS),
             set_windows=set_windows,
             modify_windows=modify_windows,
             meters=[self.meter(cell, intent.meters[cell]) for cell in cells],
             lease=[] if held.lease == lease.action else [lease],
-            insert_exemptions=inserts(TABLE_SRC_IN_POD) + inserts(TABLE_DST_IN_POD),
+            insert_exemptions=inserts(TABLE_SRC_IN_POD) + inserts(TABLE_DST_IN_POD) + inserts(TABLE_PEERS),
             insert_boundary=inserts(TABLE_BOUNDARY),
             modify_boundary=modifies(TABLE_BOUNDARY),
             delete_boundary=stale(TABLE_BOUNDARY),

@@ -45,7 +45,17 @@ def _items(doc: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
 
 # The keys each entry may have: a misspelt one (`burst:` for `burst_bytes:`) must not silently mean the default.
 POD_KEYS = {"name", "ipv4_prefixes"}
-DPU_KEYS = {"name", "p4runtime_address", "device_id", "pod", "role", "host_port", "uplink_port", "buffer_bytes"}
+DPU_KEYS = {
+    "name",
+    "p4runtime_address",
+    "device_id",
+    "pod",
+    "role",
+    "host_port",
+    "uplink_port",
+    "buffer_bytes",
+    "node_mac",
+}
 CAP_KEYS = {"pod", "egress", "ingress", "window_s", "burst_bytes", "mode", "rebalance"}
 ROUTER_KEYS = {"name", "pods"}
 
@@ -112,6 +122,7 @@ def load_manifest(path: Path) -> Manifest:
                 _int(item, "host_port", where, 0),
                 _int(item, "uplink_port", where, 1),
                 _int(item, "buffer_bytes", where, 0),
+                str(_get(item, "node_mac", where, "")),
             )
             m.dpus.append(Dpu.validated(dpu, where))
         caps = _items(doc, "caps", path)

@@ -29,6 +29,9 @@ BYTE_FIELDS = (
     "window_bytes",
     "lease_bytes",
     "spoofed_bytes",
+    "intra_bytes",
+    "arp_bytes",
+    "arp_dropped_bytes",
 )
 
 

@@ -45,6 +45,23 @@ def check_name(field_name: str, value: str) -> str:
     return value
 
 
+MAC_RE = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+
+
+def check_mac(field_name: str, value: str) -> str:
+    """A unicast Ethernet address, normalised to lowercase aa:bb:cc:dd:ee:ff ("" stays "": none)."""
+    if value == "":
+        return value
+    text = value.lower().replace("-", ":") if isinstance(value, str) and len(value) == 17 else ""
+    if not MAC_RE.fullmatch(text):
+        raise InvalidArgument(field_name, value, "must be an Ethernet address like 02:00:00:00:00:01")
+    if int(text[:2], 16) & 1:
+        raise InvalidArgument(field_name, value, "must be a unicast address (a node's own), not multicast or broadcast")
+    if text == "00:00:00:00:00:00":
+        raise InvalidArgument(field_name, value, "must not be all zeros")
+    return text
+
+
 def check_address(field_name: str, value: str) -> str:
     """A host:port gRPC address (IPv4, [IPv6] or a DNS name)."""
     host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
@@ -105,6 +122,11 @@ class Dpu:
     # releases in a window can exceed what its meter passed by this much, so the controller programs
     # every allowance this much smaller and the cap still holds where it is measured, at the receiver.
     buffer_bytes: int = 0
+    # Node DPUs only: the Ethernet address of the node this DPU fronts. It is the pod's inventory
+    # of who is inside: a frame is exempt at a node DPU only when addressed to (or coming from)
+    # another node of its pod by this address. "" for a pod uplink, or a node whose intra-pod
+    # traffic is to be metered.
+    node_mac: str = ""
 
     def as_dict(self) -> dict[str, object]:
         """Every field by name, the role as files name it: a manifest entry, an audit payload."""
@@ -126,7 +148,11 @@ class Dpu:
             raise InvalidArgument(f"{field_prefix}.uplink_port", dpu.uplink_port, "must differ from host_port")
         if not 0 <= dpu.buffer_bytes <= MAX_PI_BURST:
             raise InvalidArgument(f"{field_prefix}.buffer_bytes", dpu.buffer_bytes, f"must be in 0..{MAX_PI_BURST}")
-        return dpu
+        mac = check_mac(f"{field_prefix}.node_mac", dpu.node_mac)
+        if mac and dpu.role is not Role.NODE:
+            # Nothing that crosses a pod uplink is intra-pod: an uplink has no node to name.
+            raise InvalidArgument(f"{field_prefix}.node_mac", dpu.node_mac, "only a node DPU has a node MAC")
+        return dataclasses.replace(dpu, node_mac=mac) if mac != dpu.node_mac else dpu
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ class DirectionUsage:
     window_bytes: int  # dropped over the window budget
     lease_bytes: int  # dropped for want of a valid lease
     spoofed_bytes: int  # dropped: IPv4 from inside the pod with a source outside it
+    intra_bytes: int = 0  # of exempt_bytes: IPv4 between nodes of the pod (node DPUs only)
+    arp_bytes: int = 0  # of exempt_bytes: well-formed minimum-size ARP, through ARP's own meter
+    arp_dropped_bytes: int = 0  # dropped: ARP over its own allowance
     dpu: str = ""  # empty: the pod's totals; else the one DPU these counters are from
     dpus_unread: int = 0  # a pod's totals: how many of its DPUs' counters could not be read (left out)
     error: str = ""  # a DPU's row: why its counters could not be read (the row is then all zeros)
@@ -82,6 +85,7 @@ class LimiterService:
         self.lease_gen = secrets.randbits(32)
         # When each recent generation was issued: a DPU can only latch it (start its lifetime) later.
         self._lease_issued: dict[int, float] = {self.lease_gen: time.monotonic()}
+        self._peers_of: tuple[DesiredState | None, dict[str, tuple[str, ...]]] = (None, {})
         self.lease_loop = lease_loop
         self._leaser: asyncio.Task[None] | None = None
         self.p4runtime_tls = p4runtime_tls
@@ -133,7 +137,7 @@ class LimiterService:
             st = self.state
             cap = self.shares.get(dpu.name)
             lease = (self.lease_gen, round(self.lease_s * 1e6))
-            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease)
+            return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease, self._peers(dpu.pod))
 
         agent = DpuAgent(
             dpu,
@@ -147,6 +151,17 @@ class LimiterService:
         )
         self.agents[dpu.name] = agent
         agent.start()
+
+    def _peers(self, pod: str) -> tuple[str, ...]:
+        """The node MACs of `pod`'s node DPUs: its inventory of who is inside (worked out once per state)."""
+        st = self.state
+        if self._peers_of[0] is not st:
+            by_pod: dict[str, list[str]] = {}
+            for d in st.dpus.values():
+                if d.role is Role.NODE and d.node_mac:
+                    by_pod.setdefault(d.pod, []).append(d.node_mac)
+            self._peers_of = (st, {p: tuple(sorted(macs)) for p, macs in by_pod.items()})
+        return self._peers_of[1].get(pod, ())
 
     # ---------------------------------------------------------------- leases
 
@@ -453,11 +468,14 @@ class LimiterService:
             pods.update(d.pod for d in (c.before, c.after) if isinstance(d, Dpu))
             if isinstance(c.after, Dpu):
                 self._start_agent(c.after)
+        # New prefixes, or a node joining, leaving or changing its MAC: every DPU of the pod reconciles.
+        regroup = {c.name for c in changes if c.kind == "pod" and c.verb != "delete"} | {
+            d.pod for c in dpus for d in (c.before, c.after) if isinstance(d, Dpu) and d.role is Role.NODE
+        }
+        for agent in self.agents.values():
+            if agent.dpu.pod in regroup:
+                agent.poke()
         for c in changes:
-            if c.kind == "pod" and c.verb != "delete":
-                for agent in self.agents.values():  # new prefixes: every DPU of the pod reconciles
-                    if agent.dpu.pod == c.name:
-                        agent.poke()
             if c.kind in ("pod", "cap"):
                 pods.add(c.name)
             if c.kind == "cap" or (c.kind == "pod" and c.verb == "delete"):
@@ -491,7 +509,7 @@ class LimiterService:
             raise NotFound(f"pod {pod!r} does not exist")
         cap = self.state.caps.get(pod)
         if cap is None:
-            raise NotFound(f"pod {pod!r} has no cap (its DPUs pass only intra-pod traffic and ARP)")
+            raise NotFound(f"pod {pod!r} has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
     def status(self) -> dict[str, AgentStatus]:
@@ -622,6 +640,9 @@ def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, t
         window_bytes=b("window"),
         lease_bytes=b("lease"),
         spoofed_bytes=b("spoofed"),
+        intra_bytes=b("intra"),
+        arp_bytes=b("arp"),
+        arp_dropped_bytes=b("arp_red"),
         dpu=dpu,
     )
 
@@ -673,6 +694,9 @@ def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
                     dpu.p4runtime_address,
                     f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
                 )
+            # One node, one MAC: a MAC named twice would make one pod's exemption reach another's node.
+            if dpu.node_mac and other.name != dpu.name and other.node_mac == dpu.node_mac:
+                raise InvalidArgument(f"{where}.node_mac", dpu.node_mac, f"already the node MAC of DPU {other.name!r}")
 
 
 def _check_fits(cap: Cap | None, dpus: list[Dpu], cap_field: str, dpu_fields: dict[str, str]) -> None:

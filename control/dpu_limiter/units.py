@@ -24,6 +24,11 @@ MIN_DEFAULT_BURST = 16 * 1024
 # one packet by which a receiver-side window may exceed its allowance (DESIGN.md, compliance).
 MAX_FRAME_BYTES = 1518
 DEFAULT_BURST_SECONDS = 0.1
+# Neighbour discovery's allowance per DPU and direction: well-formed ARP frames of at most 60 bytes
+# (limiter.p4's ARP_MAX_FRAME) pass through a meter of their own at this rate and burst, carved out
+# of the cap: about 16 frames a second, 10 at once, whatever the data traffic does.
+ARP_RATE_BPS = 8_000.0
+ARP_BURST_BYTES = 600
 # Default lease lifetime: a DPU out of touch with the control plane this long falls to its floor.
 DEFAULT_LEASE_S = 30.0
 PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)

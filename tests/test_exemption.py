@@ -1,0 +1,137 @@
+"""Exemption is proved by where a device sits, never claimed by a frame: the control plane's side.
+
+A pod uplink exempts nothing; a node DPU exempts only IPv4 to (or from) another node of its pod, by
+the node MACs the control plane holds as inventory. ARP's own small meter is carved out of the cap,
+so that the data meter and ARP's together never pass more than the cap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import plane_with_pod
+from dpu_limiter import dataplane as dp
+from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_mac
+from dpu_limiter.store import Store
+from dpu_limiter.units import ARP_BURST_BYTES, ARP_RATE_BPS, allowed_window_bytes
+
+pytestmark = pytest.mark.timeout(120)
+
+POD = Pod("a", ("10.0.1.0/24",))
+MACS = ("02:00:01:00:00:00", "02:00:02:00:00:00", "02:00:03:00:00:00")
+
+
+def node(name: str, mac: str) -> Dpu:
+    return Dpu(name, "127.0.0.1:1", 1, "a", role=Role.NODE, node_mac=mac)
+
+
+def test_a_pod_uplink_exempts_nothing_and_a_node_only_its_pod_mates() -> None:
+    uplink = dp.intent_for(Dpu("u", "127.0.0.1:1", 1, "a"), POD, None, peers=MACS)
+    assert uplink.peers == ()
+    n1 = dp.intent_for(node("n1", MACS[0]), POD, None, peers=MACS)
+    assert n1.peers == MACS[1:]  # the others, never itself
+    entries = [e for e in dp.prefix_entities(n1) if e.table_id == dp.TABLE_PEERS]
+    assert len(entries) == 2
+
+
+@pytest.mark.parametrize("mode", ["rate", "window"])
+def test_data_and_arp_meters_together_never_pass_more_than_the_cap(mode: str) -> None:
+    cap = Cap(8e6, 24e6, 2.0, 400_000, mode=mode)
+    intent = dp.intent_for(node("n1", MACS[0]), POD, cap, lease=(1, 10**7))
+    for direction, cell in dp.CELLS.items():
+        rate = getattr(cap, f"{direction}_bps")
+        arp = intent.meters[dp.ARP_CELLS + cell]
+        assert (arp.cir, arp.cburst) == (ARP_RATE_BPS / 8, ARP_BURST_BYTES)
+        # What both may pass in one window of the cap, against what the cap allows in it.
+        arp_most = arp.cir * cap.window_s + arp.cburst
+        if mode == "window":
+            data_most = intent.windows[cell][0]
+            allowed = int(rate / 8 * cap.window_s)
+        else:
+            data = intent.meters[cell]
+            data_most = data.cir * cap.window_s + data.cburst
+            allowed = allowed_window_bytes(rate, cap.window_s, cap.burst_bytes) - 1518
+        assert data_most + arp_most <= allowed
+        assert data_most + arp_most >= allowed - 8  # and the cap is not wasted (rounding only)
+
+
+def test_a_share_smaller_than_arp_allowance_gives_the_data_meter_nothing() -> None:
+    intent = dp.intent_for(node("n1", MACS[0]), POD, Cap(4000, 4000, 1.0, 300), lease=(1, 10**7))
+    assert intent.meters[0].cir == 0 and intent.meters[dp.ARP_CELLS].cir == 500
+    assert intent.meters[0].cburst == 0 and intent.meters[dp.ARP_CELLS].cburst == 300
+
+
+def test_no_grant_is_the_floor_for_arp_too() -> None:
+    """A DPU with no share (no cap, or between shrink and grow) passes no ARP: the sum of what a pod's
+    DPUs hold never exceeds its cap, also while shares move."""
+    intent = dp.intent_for(node("n1", MACS[0]), POD, None)
+    assert intent.meters[0] == dp.FLOOR and intent.meters[dp.ARP_CELLS] == dp.FLOOR
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("ff:ff:ff:ff:ff:ff", "unicast"),
+        ("01:00:5e:00:00:01", "unicast"),
+        ("00:00:00:00:00:00", "zeros"),
+        ("02:00:00:00:00", "Ethernet address"),
+        ("02:00:00:00:00:0g", "Ethernet address"),
+        ("02:00:00:00:00:01\n", "Ethernet address"),
+        ("x" * 10_000, "Ethernet address"),
+    ],
+)
+def test_node_macs_are_checked(value: str, why: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        check_mac("dpu.node_mac", value)
+    assert err.value.field == "dpu.node_mac" and why in err.value.reason
+
+
+def test_node_macs_are_normalised_and_only_nodes_have_one() -> None:
+    assert Dpu.validated(node("n1", "02-00-01-00-00-AB")).node_mac == "02:00:01:00:00:ab"
+    with pytest.raises(InvalidArgument) as err:
+        Dpu.validated(Dpu("u", "127.0.0.1:1", 1, "a", node_mac=MACS[0]))
+    assert err.value.field == "dpu.node_mac"
+
+
+def test_node_macs_survive_the_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.put_pod(POD)
+    store.add_dpu(node("n1", MACS[0]))
+    store.close()
+    assert Store(tmp_path / "s.db").load().dpus["n1"].node_mac == MACS[0]
+
+
+async def test_one_mac_names_one_node_across_the_fleet(tmp_path: Path) -> None:
+    async with plane_with_pod(tmp_path) as (_, client):
+        await client.apply_pod("b", ["10.0.2.0/24"])
+        await _register_nodes(client)
+
+
+async def _register_nodes(client: LimiterClient) -> None:
+    def pb_node(name: str, pod: str, mac: str, port: int) -> pb.Dpu:
+        return pb.Dpu(
+            name=name,
+            p4runtime_address=f"127.0.0.1:{port}",
+            device_id=1,
+            pod=pod,
+            role=pb.DPU_ROLE_NODE,
+            uplink_port=1,
+            node_mac=mac,
+        )
+
+    got = await client.register_dpu(pb_node("n1", "a", "02:00:01:00:00:AA", 1))
+    assert got.node_mac == "02:00:01:00:00:aa"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.register_dpu(pb_node("n2", "b", "02:00:01:00:00:aa", 2))  # pod a's node, claimed by pod b
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "node_mac" in (err.value.details() or "") and "n1" in (err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.register_dpu(pb_node("n3", "a", "01:00:5e:00:00:01", 3))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    listed = await client.stub.ListDpus(pb.ListDpusRequest())
+    assert [d.name for d in listed.dpus] == ["n1"]  # nothing else stored

@@ -62,12 +62,13 @@ def test_no_evasion_gets_past_the_cap_in_real_time(tmp_path: Path, target: str) 
     # Zero bytes above the cap at the receivers, in every window of every pod and direction.
     assert r.cap_held, [(x.pod, x.direction, x.max_window_bytes, x.allowed_window_bytes) for x in r.results]
     flows = {f.name: f for f in r.flows}
-    # Raw frames of every shape reached their receivers through both pods' DPUs, and every shape was metered:
-    # seven flows of 4 Mbit/s share an 8 Mbit/s cap, so each gets far less than it offers ...
+    # Raw frames of every shape reached their receivers through both pods' DPUs (each was metered, not blocked
+    # or dropped as unknown) ...
     for name in SHAPES:
-        assert 0 < flows[name].delivered_bps < 0.6 * flows[name].offered_bps, name
-    # ... and together no more than the cap over the time they arrived in, plus the bucket (on a busy machine
-    # senders may start late and end late: the phase's 4 s is not that time).
+        assert flows[name].delivered_bps > 0, name
+    # ... and together no more than the cap guarantees over the time they arrived in, plus the bucket and one
+    # frame: what the meter promises, whatever share of it each shape gets (that share moves with machine load).
+    # On a busy machine senders may start late and end late: the phase's 4 s is not that time.
     got = [json.loads((tmp_path / "out" / "raw" / f"{n}-recv.json").read_text()) for n in SHAPES]
     span = max(g["last_arrival"] for g in got) - min(g["first_arrival"] for g in got)
     assert sum(g["received_wire_bytes"] for g in got) <= 8e6 * span / 8 + 400_000 + 1518

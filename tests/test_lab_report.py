@@ -94,3 +94,18 @@ def test_invalid_choices_are_rejected() -> None:
         Report("s", "tofino", 1.0, [], [])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="direction"):
         Result.evaluate("p", "sideways", 1e6, 1.0, 0, 0, 0.0)  # type: ignore[arg-type]
+
+
+def test_both_views_are_shown_and_a_disagreement_is_named(tmp_path: Path) -> None:
+    report = _report()
+    ok, over = report.results
+    # What crossed a's boundary broke the cap; the receivers, who attributed less of it to a, saw it held.
+    over.boundary_bytes, over.scaleup_bytes = 9_000_000, 0
+    over.receivers_bytes, over.receivers_max_window_bytes = 4_000_000, 1_000_000
+    ok.boundary_bytes, ok.scaleup_bytes, ok.receivers_bytes, ok.receivers_max_window_bytes = 5, 0, 5, 5
+    report.boundary = {"links": ["router"], "kernel_drops": 0, "timestamps": "kernel"}
+    write_report(tmp_path, report, _series())
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| 9000000 | 0 | 4000000 | 1000000 | yes |" in summary  # crossed beside received, receivers' verdict
+    assert "The views disagree on pod-b ingress" in summary and "pod-a egress" not in summary.split("disagree")[1]
+    assert load_report(tmp_path) == report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,15 @@ def test_a_small_sweep_runs_every_point(tmp_path: Path) -> None:
     assert [r["attack"] for r in rows] == ["none", "raise-meter+forge"]
     clean, attacked = rows
     assert clean["compliant"] == "True" and clean["detected"] == "False" and clean["false_alarms"] == "0"
-    # The cap axis caps every pod: b's honest DPU still holds a's traffic to b's 10 Mbit/s ingress
-    # cap, so the cap holds at the receivers while the audit catches a's lying DPU.
-    assert attacked["compliant"] == "True" and attacked["detected"] == "True"
+    # The cap axis caps every pod: b's honest DPU still holds a's traffic to b's 10 Mbit/s ingress cap,
+    # but more than a's cap left pod a over its router link (counted there, whatever it held), so a's
+    # egress did not hold, while the audit catches a's lying DPU.
+    assert attacked["compliant"] == "False" and attacked["detected"] == "True"
+    held = {
+        (r["pod"], r["direction"]): r["compliant"]
+        for r in json.loads((out / "cap-10M_pod-uplink_raise-meter-forge" / "report.json").read_text())["results"]
+    }
+    assert held == {("a", "egress"): False, ("a", "ingress"): True, ("b", "egress"): True, ("b", "ingress"): True}
     assert "conservation" in attacked["detected_by"] and attacked["false_alarms"] == "0"
     assert 0 < float(attacked["time_to_detection_s"]) <= 1.0
     assert (out / "sweep.png").is_file() and (out / "cap-10M_pod-uplink_none" / "report.json").is_file()

@@ -82,6 +82,9 @@ def test_nvswitch_bypass_is_measured_as_inter_pod_traffic(tmp_path: Path) -> Non
     egress = next(x for x in r.results if (x.pod, x.direction) == ("a", "egress"))
     assert not egress.compliant and not r.cap_held
     assert egress.delivered_bps > 100e6  # effective inter-pod bandwidth: five times the cap
+    # Counted on the scale-up link itself: every byte of the bypass flow, on the wire.
+    assert egress.scaleup_bytes is not None and egress.scaleup_bytes >= 100e6 * 4 / 8 * 0.99
+    assert egress.boundary_bytes == egress.receivers_bytes  # nothing here hides from the receivers
 
 
 def test_window_mode_is_exact_above_4_gib(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ Every `interval_s` of simulated time (the simulation paused, so every figure is 
   compares them with what it wants it to hold (the reconciler's own read-back); a difference it did
   not cause is an alert, and the control plane reinstalls or writes the desired state back.
 - **router-count**: the router counts bytes per pod and direction itself (the DPUs cannot change
-  those counters); the most bytes that left a pod in any window of W against its egress allowance.
+  those counters): every frame on the pod's link to it, whatever the frame holds (sim.py; in real time
+  the boundary capture, boundary.py); the most bytes that left a pod in any window of W against its
+  egress allowance.
 - **conservation**: bytes the router saw leave a pod against the bytes its DPUs say they passed
   (green and yellow) out of it, and bytes the router sent into a pod against the bytes its DPUs
   say reached their meters on the way in (passed or dropped by meter, window budget or lease). A

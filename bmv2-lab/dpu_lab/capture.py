@@ -7,9 +7,13 @@ An AF_PACKET socket bound to the interface sees every incoming frame addressed t
 frame as received, Ethernet header included, no FCS, preamble or gap) to a 1 ms bin of its
 sender: the true sender a lab frame's marker names (frames.py: evasion frames, whatever they
 carry or forge), else its IPv4 source address; everything else is counted under
-``"non-ipv4"``. These are the receiver-side figures the compliance check uses, independent of
-any DPU's own counters. The kernel moves a VLAN tag out of the frame before the socket sees it
-(into PACKET_AUXDATA); its 4 bytes are counted back.
+``"non-ipv4"``. These are the receivers' figures, independent of any DPU's own counters. The
+kernel moves a VLAN tag out of the frame before the socket sees it (into PACKET_AUXDATA); its 4
+bytes are counted back.
+
+The compliance verdict itself comes from the boundary capture (boundary.py), which counts every frame
+on every link between pods, whatever it holds; these per-source receiver figures stand beside it in
+the report. Both read frames through the one loop here (FrameReader).
 
 Wire length of offloaded segments: a veth (or a TSO-capable NIC) can deliver a GSO
 super-packet of up to 64 KiB that stands for many wire frames. The socket asks for a
@@ -35,9 +39,10 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from dpu_lab.frames import VLAN_TAG, marked
 from dpu_lab.traffic import Timeline, receive_deadline, write_json
@@ -55,6 +60,7 @@ PACKET_STATISTICS = 6
 PACKET_VNET_HDR = 15
 PACKET_IGNORE_OUTGOING = 23
 SO_TIMESTAMPNS = 35
+SO_RCVBUFFORCE = 33
 PACKET_OTHERHOST = 3
 PACKET_OUTGOING = 4
 
@@ -151,24 +157,31 @@ def source_key(frame: Buffer) -> str:
     return NON_IPV4
 
 
-def open_socket(iface: str) -> socket.socket:
-    """Open an AF_PACKET socket on ``iface`` that reads incoming frames with metadata."""
+def open_socket(iface: str, outgoing: bool = False) -> socket.socket:
+    """Open an AF_PACKET socket on ``iface`` that reads frames with metadata: incoming ones, and with
+    ``outgoing`` also those the interface sends."""
     # Protocol 0 receives nothing until bind(), so no frame of another interface or without
     # the options below can slip in first.
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+    try:
+        # As root the buffer may exceed net.core.rmem_max (often 208 KiB, a few hundred frames): a reader
+        # that falls behind for a moment then loses nothing.
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
     sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
-    # Kernels before 4.20 lack the option; outgoing frames are still skipped by pkttype.
-    with contextlib.suppress(OSError):
-        sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    if not outgoing:
+        # Kernels before 4.20 lack the option; outgoing frames are still skipped by pkttype.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
     sock.bind((iface, ETH_P_ALL))  # the socket module applies htons() to bind addresses
     return sock
 
 
 def _kernel_drops(sock: socket.socket) -> int:
-    """Return frames the kernel dropped for this socket since it opened."""
+    """Return frames the kernel dropped for this socket since the last call (reading clears the count)."""
     _, drops = _TPACKET_STATS.unpack(sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, _TPACKET_STATS.size))
     return int(drops)
 
@@ -182,6 +195,61 @@ def _request_stop(signum: int, frame: object) -> None:
     _stop_requested = True
 
 
+class WireFrame(NamedTuple):
+    """One frame as an AF_PACKET socket saw it."""
+
+    stamp: float  # the kernel's receive (or send) time, else time.time() at read
+    wire: int  # its wire bytes: Ethernet header included, no FCS; a stripped VLAN tag and GSO segments counted
+    head: bytes  # its first bytes (up to the longest Ethernet, IPv4 and TCP headers)
+    pkttype: int  # PACKET_HOST, PACKET_BROADCAST, ..., PACKET_OTHERHOST, PACKET_OUTGOING
+
+
+class FrameReader:
+    """The one loop that reads frames off an AF_PACKET socket (receiver captures, evasion receivers and
+    the boundary capture all count what it yields), with their wire bytes and kernel timestamps."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.kernel_stamps = True  # every frame had the kernel's time (else some had time.time())
+        self.drops = 0  # frames the kernel dropped because the reader fell behind
+        # Only headers are read: MSG_TRUNC makes recvmsg return the full frame length anyway,
+        # and skipping the copy of up to 64 KiB per GSO packet keeps up with higher rates.
+        self._buf = bytearray(_HEADER_BYTES)
+        self._view = memoryview(self._buf)
+        self._ancillary = socket.CMSG_SPACE(_TIMESPEC.size) + AUX_SPACE
+
+    def frames(self, deadline: float | None) -> Iterator[WireFrame]:
+        """Each frame until monotonic ``deadline`` (or SIGTERM); with ``deadline`` None, each frame waiting
+        in the socket now, without blocking."""
+        sock, buf, view = self.sock, self._buf, self._view
+        sock.settimeout(0.0 if deadline is None else None)
+        try:
+            # A drain (no deadline) reads what is there even after SIGTERM: it is how a capture ends.
+            while deadline is None or not _stop_requested:
+                if deadline is not None:
+                    if (remaining := deadline - time.monotonic()) <= 0:
+                        break
+                    sock.settimeout(min(remaining, 0.1))
+                try:
+                    n, ancdata, _, addr = sock.recvmsg_into([buf], self._ancillary, socket.MSG_TRUNC)
+                except TimeoutError:
+                    continue
+                except BlockingIOError:
+                    break  # drained
+                if n < _VNET_HDR.size:
+                    continue
+                stamp = _timestamp(ancdata)
+                if stamp is None:
+                    self.kernel_stamps = False
+                    stamp = time.time()
+                frame = view[_VNET_HDR.size : min(n, len(buf))]
+                wire = frame_wire_bytes(view, frame, n - _VNET_HDR.size) + vlan_tag_bytes(ancdata)
+                yield WireFrame(stamp, wire, bytes(frame), int(addr[2]))
+        finally:  # also when the caller stops early (its socket may be closed by then)
+            with contextlib.suppress(OSError):
+                self.drops += _kernel_drops(sock)
+
+
 @dataclass
 class Incoming:
     """Frames arriving on an interface, read until a deadline (or SIGTERM)."""
@@ -193,28 +261,12 @@ class Incoming:
     def frames(self, deadline: float) -> Iterator[tuple[float, int, bytes]]:
         """(receive time, wire bytes, the frame's first bytes) of each frame addressed to this host, until
         monotonic ``deadline``."""
-        # Only headers are read: MSG_TRUNC makes recvmsg return the full frame length anyway,
-        # and skipping the copy of up to 64 KiB per GSO packet keeps up with higher rates.
-        buf = bytearray(_HEADER_BYTES)
-        view = memoryview(buf)
-        ancillary = socket.CMSG_SPACE(_TIMESPEC.size) + AUX_SPACE
         with open_socket(self.iface) as sock:
-            while (remaining := deadline - time.monotonic()) > 0 and not _stop_requested:
-                sock.settimeout(min(remaining, 0.1))
-                try:
-                    n, ancdata, _, addr = sock.recvmsg_into([buf], ancillary, socket.MSG_TRUNC)
-                except TimeoutError:
-                    continue
-                if addr[2] in (PACKET_OUTGOING, PACKET_OTHERHOST) or n < _VNET_HDR.size:
-                    continue
-                stamp = _timestamp(ancdata)
-                if stamp is None:
-                    self.kernel_stamps = False
-                    stamp = time.time()
-                frame = view[_VNET_HDR.size : min(n, len(buf))]
-                wire = frame_wire_bytes(view, frame, n - _VNET_HDR.size) + vlan_tag_bytes(ancdata)
-                yield stamp, wire, bytes(frame)
-            self.drops = _kernel_drops(sock)
+            reader = FrameReader(sock)
+            for f in reader.frames(deadline):
+                if f.pkttype not in (PACKET_OUTGOING, PACKET_OTHERHOST):
+                    yield f.stamp, f.wire, f.head
+            self.kernel_stamps, self.drops = reader.kernel_stamps, reader.drops
 
 
 def capture(iface: str, deadline: float) -> Capture:
@@ -275,12 +327,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.duration > 0 or not args.linger >= 0:
         parser.error("--duration must be > 0 and --linger >= 0")
+    deadline = receive_deadline(args.start_at, args.duration, args.linger)
+    return count_and_write(f"capture on {args.iface}", args.out, lambda: capture(args.iface, deadline))
+
+
+def count_and_write(name: str, out: Path, count: Callable[[], Capture]) -> int:
+    """Run ``count`` (SIGTERM or SIGINT end it early, and what it counted is still written), write its
+    capture to ``out``, say when the kernel dropped frames; returns the exit status."""
     signal.signal(signal.SIGTERM, _request_stop)
     signal.signal(signal.SIGINT, _request_stop)
-    result = capture(args.iface, receive_deadline(args.start_at, args.duration, args.linger))
-    write_json(args.out, asdict(result))
+    result = count()
+    write_json(out, asdict(result))
     if result.kernel_drops:
-        print(f"capture on {args.iface}: kernel dropped {result.kernel_drops} frames", file=sys.stderr)
+        print(f"{name}: kernel dropped {result.kernel_drops} frames", file=sys.stderr)
     return 0
 
 

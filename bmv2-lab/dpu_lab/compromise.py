@@ -8,8 +8,8 @@ Each way below defeats limiter.p4 differently:
 - ``raise-meter``: both meter cells set far above any link's rate.
 - ``delete-meter``: both meter cells reset to unconfigured (bmv2, and so the embedded target, marks
   every packet green on an unconfigured meter) and the window budgets removed.
-- ``forward-unclassified``: 0.0.0.0/0 added to the pod's prefixes, so every packet looks intra-pod
-  and is exempt.
+- ``forward-unclassified``: 0.0.0.0/0 added to the pod's prefixes and the hosts' MACs it has seen
+  (`macs`) to its pod peers, so every packet to or from those hosts looks intra-pod and is exempt.
 - ``load-pipeline``: a different program altogether (p4/passthrough.p4: everything forwarded,
   nothing metered or counted).
 
@@ -20,6 +20,7 @@ what the controller wrote, and the counters the controller reads stop at the mom
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from finsy.proto import p4r
@@ -37,15 +38,16 @@ _OPEN = p4r.MeterConfig(
 )
 
 
-def compromise(fw: Firmware, how: CompromiseHow, forge: bool = False) -> None:
-    """Tamper with a device through its firmware (in process, a p4sim's socket, bmv2's Thrift) as `how` says."""
+def compromise(fw: Firmware, how: CompromiseHow, forge: bool = False, macs: Sequence[str] = ()) -> None:
+    """Tamper with a device through its firmware (in process, a p4sim's socket, bmv2's Thrift) as `how` says
+    (`macs`: the hosts' MACs a forward-unclassified DPU makes its pod peers)."""
     if how == "load-pipeline":
         fw.load(_passthrough_config(), forge)
     else:
-        fw.write(_tampering(fw, how), forge)
+        fw.write(_tampering(fw, how, macs), forge)
 
 
-def _tampering(fw: Firmware, how: CompromiseHow) -> list[p4r.Update]:
+def _tampering(fw: Firmware, how: CompromiseHow, macs: Sequence[str]) -> list[p4r.Update]:
     info = fw.p4info()
     ids = {o.preamble.name: o.preamble.id for o in [*info.tables, *info.meters, *info.registers]}
     modify, insert, delete = p4r.Update.MODIFY, p4r.Update.INSERT, p4r.Update.DELETE
@@ -74,6 +76,21 @@ def _tampering(fw: Firmware, how: CompromiseHow) -> list[p4r.Update]:
         t = next(t for t in info.tables if t.preamble.id == tid)
         # No match field: P4Runtime's 0.0.0.0/0, every address.
         entry = p4r.TableEntry(table_id=tid, action=p4r.TableAction(action=p4r.Action(action_id=t.action_refs[0].id)))
+        out.append(p4r.Update(type=insert, entity=p4r.Entity(table_entry=entry)))
+    # Exemption also needs a pod peer's MAC (an exact match: no wildcard), so it names every host it saw.
+    tid = ids[dp.TABLE_PEERS]
+    t = next(t for t in info.tables if t.preamble.id == tid)
+    held = {
+        bytes(e.table_entry.match[0].exact.value) for e in fw.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=tid)))
+    }
+    for mac in macs:
+        value = bytes.fromhex(mac.replace(":", "")).lstrip(b"\0") or b"\0"
+        if value in held:
+            continue
+        match = p4r.FieldMatch(field_id=t.match_fields[0].id, exact=p4r.FieldMatch.Exact(value=value))
+        entry = p4r.TableEntry(
+            table_id=tid, match=[match], action=p4r.TableAction(action=p4r.Action(action_id=t.action_refs[0].id))
+        )
         out.append(p4r.Update(type=insert, entity=p4r.Entity(table_entry=entry)))
     return out
 

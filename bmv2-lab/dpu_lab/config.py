@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -13,6 +14,7 @@ from dpu_limiter.models import NAME_RE
 from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
+from .frames import CLAIMING, Encap, claimed_dst
 from .workloads import WorkloadSpec, expand
 
 
@@ -258,6 +260,9 @@ class CapSpec(_Model):
         return self.burst_bytes or default_burst_bytes(max(self.egress, self.ingress))
 
 
+FULL_SPEED = "max"  # a raw-frame flow's rate: as fast as its sender can write, for the phase's duration
+
+
 class FlowSpec(_Model):
     """One traffic flow between two hosts."""
 
@@ -265,11 +270,13 @@ class FlowSpec(_Model):
     protocol: Literal["udp", "tcp"]
     src: str
     dst: str
-    rate: float | None = None  # UDP offered rate, bit/s (wire bytes)
+    # UDP offered rate, bit/s (wire bytes); `max` (math.inf): a raw-frame sender writes back to back until
+    # the phase ends (real time; evasion.py), bounded by its duration, not by a rate.
+    rate: float | None = None
     size: int = Field(default=1400, ge=18, le=1472)
-    # Evasion: the datagrams' shape (frames.py) and a forged IPv4 source address (UDP only; in real time
-    # raw frames, evasion.py).
-    encap: Literal["none", "vlan", "ipv6", "gre", "vxlan", "fragment"] = "none"
+    # Evasion: the datagrams' shape (frames.py, red-team shapes included) and a forged IPv4 source address
+    # (UDP only; in real time raw frames, evasion.py).
+    encap: Encap = "none"
     spoof_src: str | None = None
     # Virtual time: the sender picked its ports so that its pod's ECMP puts the flow on this uplink
     # (1-based), as an attacker who knows a compromised uplink would; otherwise the hash decides.
@@ -285,7 +292,15 @@ class FlowSpec(_Model):
                 raise ValueError(f"spoof_src: {v!r} is not an IPv4 address") from None
         return v
 
-    _rates = field_validator("rate", mode="before")(lambda v: _rate(v))
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _full_speed(cls, v: Any) -> float | None:
+        return math.inf if v == FULL_SPEED else _rate(v)
+
+    @property
+    def raw_frames(self) -> bool:
+        """Whether the flow's sender writes raw frames (evasion.py) rather than using a socket."""
+        return self.encap != "none" or self.spoof_src is not None
 
     @model_validator(mode="after")
     def _udp_rate(self) -> FlowSpec:
@@ -295,6 +310,9 @@ class FlowSpec(_Model):
             raise ValueError(f"flow {self.name!r}: a TCP flow is bulk; remove rate")
         if self.protocol == "tcp" and (self.encap != "none" or self.spoof_src):
             raise ValueError(f"flow {self.name!r}: encap and spoof_src shape UDP datagrams; a TCP flow takes neither")
+        if self.rate == math.inf and not self.raw_frames:
+            # A socket sender paces at a rate; only the raw-frame sender has a full-speed mode.
+            raise ValueError(f"flow {self.name!r}: rate: {FULL_SPEED} is for raw-frame flows (an encap or spoof_src)")
         return self
 
 
@@ -435,10 +453,23 @@ class Scenario(_Model):
                     raise ValueError(
                         f"phases[{pi}].flows[{fi}].uplink: {f.uplink}, but pod {pod.name!r} has {pod.uplinks} uplink(s)"
                     )
+                if f.encap in CLAIMING and f.spoof_src is None:
+                    self._check_claim(f"phases[{pi}].flows[{fi}].encap", f)
                 if f.name in names:
                     raise ValueError(f"phases[{pi}].flows[{fi}].name: duplicate flow name {f.name!r}")
                 names.add(f.name)
         return self
+
+    def _check_claim(self, where: str, f: FlowSpec) -> None:
+        """An intra-pod claim must name an unused address of the sender's pod (frames.claimed_dst). Not asked of
+        a flow with a forged source: its claim follows the forgery, and the sender's DPU drops it as spoofed."""
+        pod = self.topology.pod_of_host(f.src)
+        claim = claimed_dst(self.topology.address_of(f.src))
+        used = {pod.host_address(i) for i in range(len(pod.hosts))} | {pod.gateway}
+        if ipaddress.IPv4Address(claim) not in ipaddress.IPv4Network(pod.subnet) or claim in used:
+            raise ValueError(
+                f"{where}: {f.encap} claims {claim}, which is not an unused address of pod {pod.name!r} ({pod.subnet})"
+            )
 
     def _router_placement(self) -> None:
         """A router's limiter holds its cell's pods as one (routing.py): their caps must add up."""

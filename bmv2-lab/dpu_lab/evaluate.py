@@ -1,4 +1,5 @@
-"""Turning a run's receiver-side measurements into the report, and configuring caps as a user would.
+"""Turning a run's measurements into the report (compliance from what crossed the pods' boundaries, the
+receivers' view beside it), and configuring caps as a user would.
 
 Shared by the real-time lab (namespaces, processes) and the virtual-time lab (simulation).
 """
@@ -14,13 +15,15 @@ from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import allowed_window_bytes
 
-from . import measure
+from . import boundary, measure
 from .capture import Capture
 from .config import CapSpec, EventSpec, Scenario
+from .frames import host_mac
 from .report import Direction, Flow, Phase, Report, Result
 from .routing import apply_pods, control_pods
 
 PlotSeries = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
+Series = tuple[float, float, list[int]]
 
 
 # A router's limiter is its cell's uplink.
@@ -39,6 +42,20 @@ class LabDpu:
     buffer_bytes: int = 0  # its target's queues after the meter (targets.BUFFER_BYTES)
 
 
+def host_macs(sc: Scenario) -> dict[str, str]:
+    """Every host's MAC (the lab's, frames.host_mac), by host name."""
+    return {
+        h: ":".join(f"{b:02x}" for b in host_mac(i, j + 1))
+        for i, pod in enumerate(sc.topology.pods)
+        for j, h in enumerate(pod.hosts)
+    }
+
+
+def node_mac(sc: Scenario, d: LabDpu) -> str:
+    """The MAC of the host a node limiter (dpu-HOST) fronts; "" for other limiters."""
+    return host_macs(sc)[d.name.removeprefix("dpu-")] if d.role == "node" else ""
+
+
 async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> None:
     """Declare pods, register each limiter, set caps, wait until every DPU holds them."""
     pods = control_pods(sc, sc.topology.assignment(0))
@@ -55,6 +72,7 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
                 host_port=0,
                 uplink_port=1,
                 buffer_bytes=d.buffer_bytes,
+                node_mac=node_mac(sc, d),
             )
         )
     await apply_pods(client, pods)
@@ -93,9 +111,41 @@ def allowance_bytes(cap: CapSpec, rate: float) -> int:
     return allowed_window_bytes(rate, cap.window_s, cap.bucket_bytes())
 
 
+def _merged(pieces: list[tuple[float, float, list[int]]], t_start: float) -> tuple[float, float, np.ndarray]:
+    """Series merged on one grid (an empty one at ``t_start`` when there are none)."""
+    if not pieces:
+        return t_start, 0.001, np.zeros(0, dtype=np.int64)
+    return measure.merge_series(pieces)  # type: ignore[arg-type]
+
+
+def _most_in_window(bins: np.ndarray, bin_s: float, window_s: float) -> int:
+    """The most bytes in any window of ``window_s`` (0 for an empty series)."""
+    return measure.max_window_bytes(0.0, bin_s, list(bins), window_s) if len(bins) else 0
+
+
+def receivers_view(sc: Scenario, captured: list[tuple[str, Capture]]) -> dict[tuple[str, str], list[Series]]:
+    """The receivers' series per (pod, direction): egress of P = bytes attributed to P (IPv4 source or a
+    lab frame's marker) arriving in other pods; ingress of P = bytes arriving at P's hosts from elsewhere."""
+    topo = sc.topology
+    addr_pod = {topo.address_of(h): topo.pod_of_host(h).name for p in topo.pods for h in p.hosts}
+    parts: dict[tuple[str, str], list[Series]] = {}
+    for host, cap in captured:
+        dst_pod = topo.pod_of_host(host).name
+        for src in cap.by_src:
+            src_pod = addr_pod.get(src)
+            if src_pod == dst_pod:
+                continue
+            one = cap.series(src)
+            if src_pod is not None:
+                parts.setdefault((src_pod, "egress"), []).append(one)
+            parts.setdefault((dst_pod, "ingress"), []).append(one)
+    return parts
+
+
 def evaluate(
     sc: Scenario,
     captured: list[tuple[str, Capture]],
+    crossed: Capture,
     phases: list[Phase],
     flows: list[Flow],
     t_start: float,
@@ -103,52 +153,45 @@ def evaluate(
     target: Literal["embedded", "bmv2"],
     traffic: str,
 ) -> tuple[Report, PlotSeries]:
-    """Compliance per pod and direction from the receivers' captures (host, capture of one of its
-    interfaces), and the plot series."""
-    topo = sc.topology
-    addr_pod = {topo.address_of(h): topo.pod_of_host(h).name for p in topo.pods for h in p.hosts}
-    # Receiver-side series per (pod, direction): egress of P = bytes from P arriving in other pods;
-    # ingress of P = bytes arriving at P's hosts from other pods.
-    parts: dict[tuple[str, str], list[tuple[float, float, list[int]]]] = {}
-    for host, capture in captured:
-        dst_pod = topo.pod_of_host(host).name
-        for src in capture.by_src:
-            src_pod = addr_pod.get(src)
-            if src_pod == dst_pod:
-                continue
-            one = capture.series(src)
-            if src_pod is not None:
-                parts.setdefault((src_pod, "egress"), []).append(one)
-            parts.setdefault((dst_pod, "ingress"), []).append(one)
+    """Compliance per pod and direction from what crossed the pods' boundaries (``crossed``: the boundary
+    capture, boundary.py), the receivers' view of the same beside it (``captured``: host, capture of one
+    of its interfaces), and the plot series (``(pod, direction)``: the boundary's; ``(pod, direction
+    + " (receivers)")``: the receivers')."""
+    received = receivers_view(sc, captured)
     results: list[Result] = []
-    plot: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-    for pod in topo.pods:
+    plot: PlotSeries = {}
+    for pod in sc.topology.pods:
         cap = sc.cap_of(pod.name)
         if cap is None:
             continue
         for direction, rate in directions(*sc.peak_rates(pod.name)):
-            pieces = parts.get((pod.name, direction), [])
-            if pieces:
-                t0, bin_s, bins = measure.merge_series(pieces)  # type: ignore[arg-type]
-            else:
-                t0, bin_s, bins = t_start, 0.001, np.zeros(0, dtype=np.int64)
-            mwb = measure.max_window_bytes(t0, bin_s, list(bins), cap.window_s) if len(bins) else 0
+            # Every frame on the pod's boundary links, whatever it holds: the verdict.
+            kinds = boundary.verdict_kinds(direction, pod.placement)
+            t0, bin_s, bins = _merged(boundary.series(crossed, pod.name, direction, kinds), t_start)
             total = int(np.sum(bins)) if len(bins) else 0
-            burst = cap.bucket_bytes()
-            results.append(
-                Result.evaluate(
-                    pod.name,
-                    direction,
-                    rate,
-                    cap.window_s,
-                    burst,
-                    mwb,  # type: ignore[arg-type]
-                    measure.delivered_bps(total, duration),
-                )
+            # The receivers' attribution of the same traffic, shown beside it.
+            r_t0, r_bin_s, r_bins = _merged(received.get((pod.name, direction), []), t_start)
+            result = Result.evaluate(
+                pod.name,
+                direction,
+                rate,
+                cap.window_s,
+                cap.bucket_bytes(),
+                _most_in_window(bins, bin_s, cap.window_s),
+                measure.delivered_bps(total, duration),
             )
-            if len(bins):
-                times, bps = measure.throughput_series(t0, bin_s, list(bins))
-                plot[(pod.name, direction)] = (times - t_start, bps)
+            result.boundary_bytes = total
+            result.scaleup_bytes = boundary.total_bytes(crossed, pod.name, direction, ("scale-up",))
+            result.receivers_bytes = int(np.sum(r_bins)) if len(r_bins) else 0
+            result.receivers_max_window_bytes = _most_in_window(r_bins, r_bin_s, cap.window_s)
+            results.append(result)
+            for name, (s_t0, s_bin_s, s_bins) in (
+                (direction, (t0, bin_s, bins)),
+                (f"{direction} (receivers)", (r_t0, r_bin_s, r_bins)),
+            ):
+                if len(s_bins):
+                    times, bps = measure.throughput_series(s_t0, s_bin_s, list(s_bins))
+                    plot[(pod.name, name)] = (times - t_start, bps)
     report = Report(
         scenario=sc.name,
         target=target,
@@ -157,5 +200,10 @@ def evaluate(
         results=results,
         flows=flows,
         phases=phases,
+        boundary={
+            "links": sorted({k.rsplit(" ", 2)[2] for k in crossed.by_src}),
+            "kernel_drops": crossed.kernel_drops,
+            "timestamps": crossed.timestamps,
+        },
     )
     return report, plot

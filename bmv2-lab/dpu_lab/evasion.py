@@ -6,12 +6,14 @@ receiver that counts them by their marker. Both run inside a host's network name
 fields, so the runner treats them alike).
 
 The sender builds the frames the virtual-time lab sends (frames.py: a VLAN tag, IPv6, GRE, VXLAN, a
-first fragment, a forged IPv4 source), addressed to the receiving host's MAC, and writes them on its
-interface through an AF_PACKET socket, at the flow's rate counted in the frames' wire bytes. The
-network switches such frames by MAC (netns.py), so they reach the receiver unchanged, through both
-pods' limiters. The receiver reads its interface with an AF_PACKET socket (capture.Incoming: before
-its own IP stack drops what it cannot use, with a VLAN tag's bytes counted back) and counts the frames
-whose marker names this flow's port.
+first fragment, a forged IPv4 source, the red team's shapes), addressed to the receiving host's MAC
+(some red-team shapes: broadcast or multicast), and writes them on its interface through an AF_PACKET
+socket, at the flow's rate counted in the frames' wire bytes, or with ``--rate-bps max`` back to back
+until its duration is over. The network switches such frames by MAC (netns.py), so they reach the
+receiver unchanged, through both pods' limiters. The receiver reads its interface with an AF_PACKET
+socket (capture.Incoming: before its own IP stack drops what it cannot use, with a VLAN tag's bytes
+counted back) and counts the frames whose marker names this flow's port, or, in frames too short for a
+marker, whose source MAC carries it (frames.host_mac).
 
 Standard library only (and the lab's own stdlib-only modules): it starts in a namespace per flow.
 """
@@ -19,16 +21,19 @@ Standard library only (and the lab's own stdlib-only modules): it starts in a na
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from dpu_lab.capture import Incoming
-from dpu_lab.frames import ENCAPS, Encap, frame, largest_payload, marked
+from dpu_lab.frames import ENCAPS, Encap, frame, largest_payload, mac_port, marked
 from dpu_lab.traffic import (
+    _COUNTED_SEND_ERRORS,
     Arrivals,
     TimelineJson,
     UdpSendResult,
@@ -58,23 +63,51 @@ class FrameRecvResult:
 
 
 def send(iface: str, raw: bytes, payload: int, rate_bps: float, duration: float) -> UdpSendResult:
-    """Write `raw` (a frame carrying a `payload`-byte datagram) on `iface` at `rate_bps` (its wire bytes)
-    for `duration` s."""
+    """Write `raw` (a frame carrying a `payload`-byte datagram) on `iface` at `rate_bps` (its wire bytes;
+    math.inf: back to back) for `duration` s."""
     # Protocol 0: this socket only sends, it receives nothing.
     with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0) as sock:
         sock.bind((iface, 0))
-        sent, errors, start, end = paced(lambda _: sock.send(raw), len(raw) * 8 / rate_bps, duration)
+        if rate_bps == math.inf:
+            sent, errors, start, end = flood(lambda _: sock.send(raw), duration)
+        else:
+            sent, errors, start, end = paced(lambda _: sock.send(raw), len(raw) * 8 / rate_bps, duration)
     return send_result(sent, errors, start, end, payload, len(raw))
 
 
+def flood(send: Callable[[int], object], duration: float) -> tuple[int, int, float, float]:
+    """Call ``send(seq)`` back to back until ``duration`` s have passed (what bounds a full-speed sender is
+    its time, not a count); returns (sent, send errors counted, start, end), as traffic.paced does."""
+    sent = errors = 0
+    start, until = time.time(), time.monotonic() + duration
+    while time.monotonic() < until:
+        try:
+            send(sent + errors)
+            sent += 1
+        except OSError as exc:
+            if exc.errno not in _COUNTED_SEND_ERRORS:
+                raise
+            errors += 1
+    return sent, errors, start, time.time()
+
+
+def ours(head: bytes, port: int) -> bool:
+    """Whether a received frame (its first bytes) belongs to flow `port`: its marker names the port, or,
+    with no marker (a frame too short for one), its source MAC is a lab host's carrying the port."""
+    found = marked(head)
+    if found is not None:
+        return found[1] == port
+    # host_mac(pod, host, port): 02:PP:HH:00:port; routers' and kernels' MACs do not carry lab ports.
+    return len(head) >= 12 and head[6] == 0x02 and head[9] == 0 and mac_port(head[6:12]) == port
+
+
 def receive(iface: str, port: int, deadline: float) -> FrameRecvResult:
-    """Count the frames arriving on `iface` whose marker names flow `port`, until monotonic `deadline`."""
+    """Count the frames arriving on `iface` that belong to flow `port` (ours), until monotonic `deadline`."""
     arrivals = Arrivals()
     wire_bytes = 0
     incoming = Incoming(iface)
     for stamp, wire, head in incoming.frames(deadline):
-        found = marked(head)
-        if found is not None and found[1] == port:
+        if ours(head, port):
             arrivals.add(stamp, wire)
             wire_bytes += wire
     return FrameRecvResult(
@@ -107,6 +140,11 @@ def _ipv4(text: str) -> str:
     return text
 
 
+def _rate_bps(text: str) -> float:
+    """Parse an offered rate for argparse: bit/s, or max (also inf, as the lab writes math.inf) for full speed."""
+    return math.inf if text in ("max", "inf") else _positive(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the command-line parser for both subcommands."""
     parser = argparse.ArgumentParser(prog="python -m dpu_lab.evasion", description=__doc__.splitlines()[0])
@@ -127,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--spoof-src", type=_ipv4, help="a forged IPv4 source to write instead of --src")
         sub.add_argument("--src-mac", type=_mac, required=True, help="source MAC address")
         sub.add_argument("--dst-mac", type=_mac, required=True, help="the receiving host's MAC address")
-        sub.add_argument("--rate-bps", type=_positive, required=True, help="offered rate, bit/s on the wire")
+        sub.add_argument(
+            "--rate-bps", type=_rate_bps, required=True, help="offered rate, bit/s on the wire, or max (full speed)"
+        )
         sub.add_argument("--size", type=int, default=1400, help="datagram payload bytes (default 1400)")
     return parser
 

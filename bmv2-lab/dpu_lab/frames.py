@@ -15,19 +15,97 @@ In real time (evasion.py) routers rewrite no MACs for these frames (netns.py swi
 destination MAC), but a receiver's capture cannot tell hosts by source MAC alone; so the datagram's
 payload starts with a marker, MARK followed by the true sender's IPv4 address and the flow's port,
 which receivers find wherever the shape puts the datagram.
+
+The red-team shapes (REDTEAM, tests/test_redteam.py) are what an attacker holding limiter.p4's source
+would try against its exemptions: frames with EtherType ARP that are no ARP (or ARP padded far past
+60 bytes, or minimum-size ARP in a flood), IPv4 whose source and destination both claim the SENDER's
+pod (CLAIM_HOST, an unused address of it) while the Ethernet destination is a host in another pod
+(or broadcast, or multicast), QinQ, an unknown EtherType, IPv4 headers that lie (version, ihl,
+options, totalLen), frames cut short of a header, and fragments claiming intra-pod. Wherever a
+frame has room, the marker sits where the receiver's capture reads (its first 134 bytes); frames
+too short for one are known to the receiver by the flow port in their source MAC (evasion.py).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import struct
-from typing import Literal
+from typing import Literal, get_args
 
-Encap = Literal["none", "vlan", "ipv6", "gre", "vxlan", "fragment"]
-ENCAPS: tuple[Encap, ...] = ("none", "vlan", "ipv6", "gre", "vxlan", "fragment")
+Encap = Literal[
+    "none",
+    "vlan",
+    "ipv6",
+    "gre",
+    "vxlan",
+    "fragment",
+    # The red team's (REDTEAM below).
+    "arp-big",
+    "arp-padded",
+    "arp-min",
+    "arp-malformed",
+    "arp-vlan",
+    "arp-truncated",
+    "intra-claim",
+    "intra-claim-bcast",
+    "intra-claim-mcast",
+    "qinq",
+    "vlan-claim",
+    "ethertype",
+    "ipv4-version",
+    "ipv4-ihl",
+    "ipv4-options",
+    "ipv4-len-long",
+    "ipv4-len-short",
+    "ipv4-truncated",
+    "fragment-claim",
+    "fragment-later",
+]
+ENCAPS: tuple[Encap, ...] = get_args(Encap)
+# What each red-team shape is, as the README's table and the tests' messages name it.
+REDTEAM: dict[Encap, str] = {
+    "arp-big": "EtherType ARP, no ARP header, full size, unicast to the receiver",
+    "arp-padded": "well-formed ARP reply padded to the size of a full IPv4 frame",
+    "arp-min": "well-formed ARP reply of 60 bytes (Ethernet's minimum), flooded",
+    "arp-malformed": "60-byte ARP with an unknown operation (3)",
+    "arp-vlan": "well-formed 60-byte ARP reply behind a VLAN tag",
+    "arp-truncated": "EtherType ARP, one byte short of an ARP header (41 bytes)",
+    "intra-claim": "UDP from the sender to an unused address of its own pod, Ethernet to the receiver",
+    "intra-claim-bcast": "the same to the broadcast Ethernet address",
+    "intra-claim-mcast": "the same to a multicast Ethernet address",
+    "qinq": "802.1ad outer tag (0x88a8) and 802.1Q inner tag around intra-pod-claiming IPv4",
+    "vlan-claim": "802.1Q tag around intra-pod-claiming IPv4, 1518 bytes at most (a 1500-byte MTU's largest)",
+    "ethertype": "an arbitrary EtherType (0x88b5, local experimental)",
+    "ipv4-version": "intra-pod-claiming IPv4 header with version 6",
+    "ipv4-ihl": "intra-pod-claiming IPv4 header with ihl 4",
+    "ipv4-options": "intra-pod-claiming IPv4 with 4 bytes of options (ihl 6)",
+    "ipv4-len-long": "intra-pod-claiming IPv4 whose totalLen says 65535",
+    "ipv4-len-short": "intra-pod-claiming IPv4 whose totalLen says 28 (headers only)",
+    "ipv4-truncated": "EtherType IPv4, one byte short of an IPv4 header (33 bytes)",
+    "fragment-claim": "intra-pod-claiming first fragment (more-fragments set, offset 0)",
+    "fragment-later": "intra-pod-claiming last fragment (offset 1480)",
+}
+# Shapes whose IPv4 claims both ends in the sender's pod: source the sender, destination CLAIM_HOST.
+CLAIMING: frozenset[Encap] = frozenset(
+    ("intra-claim", "intra-claim-bcast", "intra-claim-mcast", "qinq", "vlan-claim", "fragment-claim")
+    + ("fragment-later",)
+    + ("ipv4-version", "ipv4-ihl", "ipv4-options", "ipv4-len-long", "ipv4-len-short", "ipv4-truncated")
+)
+# Shapes whose frames have one length whatever the flow's `size`: minimum ARP and truncated headers.
+FIXED_LENGTH: dict[Encap, int] = {
+    "arp-min": 60,
+    "arp-malformed": 60,
+    "arp-vlan": 64,
+    "arp-truncated": 41,
+    "ipv4-truncated": 33,
+}
 
-ETH_IPV4, ETH_IPV6, ETH_VLAN = 0x0800, 0x86DD, 0x8100
+ETH_IPV4, ETH_IPV6, ETH_VLAN, ETH_ARP, ETH_QINQ, ETH_EXPERIMENTAL = 0x0800, 0x86DD, 0x8100, 0x0806, 0x88A8, 0x88B5
+BROADCAST = b"\xff" * 6
+MULTICAST = bytes.fromhex("01005e00004d")  # the IPv4 multicast MAC of group x.0.0.77
+CLAIM_HOST = 77  # the last octet of the sender's-pod address intra-claiming shapes send to
 VLAN_ID = 100
+INNER_VLAN_ID = 200
 VXLAN_PORT = 4789
 VNI = 42
 SPORT = 40000
@@ -81,19 +159,36 @@ def _checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def _ipv4(src: str, dst: str, proto: int, body: bytes, flags_frag: int = 0) -> bytes:
-    header = struct.pack(
-        "!BBHHHBBH4s4s",
-        0x45,
-        0,
-        (20 + len(body)) & 0xFFFF,
-        0,
-        flags_frag,
-        64,
-        proto,
-        0,
-        ipaddress.IPv4Address(src).packed,
-        ipaddress.IPv4Address(dst).packed,
+def _ipv4(
+    src: str,
+    dst: str,
+    proto: int,
+    body: bytes,
+    flags_frag: int = 0,
+    options: bytes = b"",
+    version: int = 4,
+    ihl: int | None = None,
+    total_len: int | None = None,
+) -> bytes:
+    """An IPv4 header (with its checksum) and `body`; `version`, `ihl` and `total_len` may lie, as an
+    evader's would (by default they tell the truth: 4, the header's words, header and body)."""
+    words = ihl if ihl is not None else 5 + len(options) // 4
+    length = total_len if total_len is not None else 20 + len(options) + len(body)
+    header = (
+        struct.pack(
+            "!BBHHHBBH4s4s",
+            version << 4 | words,
+            0,
+            length & 0xFFFF,
+            0,
+            flags_frag,
+            64,
+            proto,
+            0,
+            ipaddress.IPv4Address(src).packed,
+            ipaddress.IPv4Address(dst).packed,
+        )
+        + options
     )
     return header[:10] + struct.pack("!H", _checksum(header)) + header[12:] + body
 
@@ -123,6 +218,23 @@ def _ipv6(src: str, dst: str, body: bytes) -> bytes:
     return struct.pack("!IHBB", 6 << 28, len(body), 17, 64) + s + d + body
 
 
+def claimed_dst(src: str) -> str:
+    """The address intra-claiming shapes send to: the sender's with its last octet CLAIM_HOST (the lab's
+    pods are /24s whose hosts take the first addresses; config.Scenario checks it is in the pod, unused)."""
+    return str(ipaddress.IPv4Address((int(ipaddress.IPv4Address(src)) & ~0xFF) | CLAIM_HOST))
+
+
+def _filler(mark: bytes, n: int) -> bytes:
+    """`n` bytes of a body that is no header of any kind: the marker, then zeros."""
+    return (mark + bytes(n))[:n]
+
+
+def _arp(oper: int, src: str, dst: str, src_mac: bytes, dst_mac: bytes) -> bytes:
+    """An ARP header (Ethernet, IPv4) from `src` at `src_mac` about `dst` at `dst_mac`."""
+    s, d = ipaddress.IPv4Address(src).packed, ipaddress.IPv4Address(dst).packed
+    return struct.pack("!HHBBH6s4s6s4s", 1, ETH_IPV4, 6, 4, oper, src_mac, s, dst_mac, d)
+
+
 def frame(
     encap: Encap,
     src: str,
@@ -135,12 +247,15 @@ def frame(
 ) -> bytes:
     """One frame carrying a `payload`-byte UDP datagram from `src` to `dst`, shaped as `encap`.
 
-    `spoof_src` replaces the (outer) IPv4 source address, as a sender forging it would.
+    `spoof_src` replaces the (outer) IPv4 source address, as a sender forging it would. Red-team shapes
+    (REDTEAM) that carry no datagram are as long as the plain frame would be, unless FIXED_LENGTH.
     """
     eth = dst_mac + src_mac
     ip_src = spoof_src or src
     mark = marker(src, dport) if payload >= _MARKED.size else b""
     datagram = _udp(dport, mark + bytes(payload - len(mark)))
+    if encap in REDTEAM:
+        return _redteam(encap, ip_src, dst, datagram, marker(src, dport), src_mac, dst_mac)
     if encap == "none":
         return eth + struct.pack("!H", ETH_IPV4) + _ipv4(ip_src, dst, 17, datagram)
     if encap == "vlan":
@@ -158,7 +273,62 @@ def frame(
     return eth + struct.pack("!H", ETH_IPV4) + _ipv4(ip_src, dst, 17, _udp(VXLAN_PORT, vxlan))
 
 
+def _redteam(encap: Encap, src: str, dst: str, datagram: bytes, mark: bytes, src_mac: bytes, dst_mac: bytes) -> bytes:
+    """A red-team shape (REDTEAM) of the frame that would carry `datagram` from `src` to `dst`."""
+    eth_ipv4 = dst_mac + src_mac + struct.pack("!H", ETH_IPV4)
+    if encap in CLAIMING:
+        claim = claimed_dst(src)
+        # The Ethernet destination is what decides where the lab's network takes a frame; the IPv4
+        # header claims it never leaves the pod.
+        to = {"intra-claim-bcast": BROADCAST, "intra-claim-mcast": MULTICAST}.get(encap, dst_mac)
+        eth_ipv4 = to + src_mac + struct.pack("!H", ETH_IPV4)
+        lies: dict[Encap, bytes] = {
+            "intra-claim": _ipv4(src, claim, 17, datagram),
+            "intra-claim-bcast": _ipv4(src, claim, 17, datagram),
+            "intra-claim-mcast": _ipv4(src, claim, 17, datagram),
+            "ipv4-version": _ipv4(src, claim, 17, datagram, version=6),
+            "ipv4-ihl": _ipv4(src, claim, 17, datagram, ihl=4),
+            "ipv4-options": _ipv4(src, claim, 17, datagram, options=b"\x01\x01\x01\x00"),  # NOP x3, end
+            "ipv4-len-long": _ipv4(src, claim, 17, datagram, total_len=0xFFFF),
+            "ipv4-len-short": _ipv4(src, claim, 17, datagram, total_len=28),
+            "ipv4-truncated": _ipv4(src, claim, 17, datagram)[:19],
+            "fragment-claim": _ipv4(src, claim, 17, datagram, flags_frag=0x2000),
+            # A last fragment carries data, no UDP header: the marker starts it.
+            "fragment-later": _ipv4(src, claim, 17, _filler(mark, len(datagram)), flags_frag=1480 // 8),
+        }
+        tags = {
+            "qinq": struct.pack("!HHHH", ETH_QINQ, VLAN_ID, ETH_VLAN, INNER_VLAN_ID),
+            "vlan-claim": struct.pack("!HH", ETH_VLAN, VLAN_ID),
+        }
+        if encap in tags:
+            return dst_mac + src_mac + tags[encap] + struct.pack("!H", ETH_IPV4) + _ipv4(src, claim, 17, datagram)
+        return eth_ipv4 + lies[encap]
+    eth = dst_mac + src_mac
+    body = 20 + len(datagram)  # as long as the IPv4 packet the plain frame would carry
+    arp_reply = _arp(2, src, dst, src_mac, dst_mac)
+    shapes: dict[Encap, bytes] = {
+        "arp-big": struct.pack("!H", ETH_ARP) + _filler(mark, body),
+        "arp-padded": struct.pack("!H", ETH_ARP) + arp_reply + _filler(mark, body - len(arp_reply)),
+        # Ethernet's 60-byte minimum: the ARP header and 18 bytes of padding, where the marker goes.
+        "arp-min": struct.pack("!H", ETH_ARP) + arp_reply + _filler(mark, 18),
+        "arp-malformed": struct.pack("!H", ETH_ARP) + _arp(3, src, dst, src_mac, dst_mac) + _filler(mark, 18),
+        "arp-vlan": struct.pack("!HHH", ETH_VLAN, VLAN_ID, ETH_ARP) + arp_reply + _filler(mark, 18),
+        "arp-truncated": struct.pack("!H", ETH_ARP) + arp_reply[:27],
+        "ethertype": struct.pack("!H", ETH_EXPERIMENTAL) + _filler(mark, body),
+    }
+    return eth + shapes[encap]
+
+
+def tag_allowance(encap: Encap) -> int:
+    """Bytes beyond ETH_MAX a 1500-byte MTU lets the shape's frames have: a Linux sender allows a
+    802.1Q tag (EtherType 0x8100 first) on top, not an 802.1ad one."""
+    return VLAN_TAG if encap in ("vlan", "arp-vlan", "vlan-claim") else 0
+
+
 def largest_payload(encap: Encap) -> int:
-    """The largest datagram payload whose frame, shaped as `encap`, a 1500-byte MTU carries."""
+    """The largest datagram payload whose frame, shaped as `encap`, a 1500-byte MTU carries (for shapes
+    of a fixed length, the largest any UDP flow takes: their frames do not grow with it)."""
+    if encap in FIXED_LENGTH:
+        return ETH_MAX - 42
     overhead = len(frame(encap, "0.0.0.0", "0.0.0.0", 0, 0, bytes(6), bytes(6)))
-    return ETH_MAX + (VLAN_TAG if encap == "vlan" else 0) - overhead
+    return ETH_MAX + tag_allowance(encap) - overhead

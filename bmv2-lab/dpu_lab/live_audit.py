@@ -1,9 +1,11 @@
 """The verifier's audit in a real-time lab run: audit.py's checks on the wall clock.
 
-The router is a Linux namespace; its own interface counters are the verifier's count per pod (the
-pod's port on the router: bytes received are the pod's egress, bytes sent its ingress), sampled
-every SAMPLE_S. The control plane is reached through its API, as a verifier beside it would:
-read-back is the control plane's reconciler (every DPU read back against desired state every
+The router is a Linux namespace; the verifier's count per pod is every frame on the pod's port on the
+router, whatever it holds (bytes the router received on it are the pod's egress, bytes it sent the
+pod's ingress), as the boundary capture counts them for the report (boundary.py: the same counts,
+asked for every SAMPLE_S and just before each tick reads the DPUs; an answer covers every frame the
+kernel had delivered when it was asked). The control plane is reached through its API, as a verifier
+beside it would: read-back is the control plane's reconciler (every DPU read back against desired state every
 `interval_s`, each correction counted per DPU in GetStatus), conservation takes the DPUs' counters
 from GetUsage, read between two readings of the router's, and alerts after two intervals in a row
 out of balance (a software DPU's input queue may hold for a moment what the router already sent).
@@ -23,13 +25,12 @@ reload is a drift correction, which read-back reports.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from dpu_limiter.client import LimiterClient
@@ -83,13 +84,8 @@ class ApiView:
         return {pod: (pod, counts) for pod, counts in out.items()}
 
 
-def router_counters(ns: str, ports: dict[str, str]) -> dict[str, tuple[int, int]]:
-    """(bytes received from, bytes sent to) each pod's port on the router namespace `ns`."""
-    res = subprocess.run(
-        ["ip", "-n", ns, "-s", "-j", "link", "show"], capture_output=True, text=True, check=True, timeout=10
-    )
-    stats = {link["ifname"]: link["stats64"] for link in json.loads(res.stdout)}
-    return {pod: (stats[ifname]["rx"]["bytes"], stats[ifname]["tx"]["bytes"]) for pod, ifname in ports.items()}
+# The router's counts so far, per (pod, direction): every frame on each pod's port (boundary.py).
+RouterCounts = Callable[[], Mapping[tuple[str, str], int]]
 
 
 @dataclass
@@ -99,7 +95,7 @@ class LiveAudit:
     scenario: Scenario
     api: str
     router_ns: str
-    ports: dict[str, str]  # pod -> its port on the router
+    counts: RouterCounts  # the router's counts so far (BoundaryProcess.router_totals)
     t_start: float  # the run's time zero (time.time())
     host_ns: dict[str, str] = field(default_factory=dict)  # host -> its namespace (probe senders)
     spawn: Spawn | None = None  # how probe senders are started (the runner's, which cleans them up)
@@ -107,7 +103,7 @@ class LiveAudit:
     router: dict[tuple[str, str], Timeline] = field(default_factory=dict)
     auditor: Auditor | None = None
     error: str | None = None
-    _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # the router's last counts per pod
+    _last: dict[tuple[str, str], int] = field(default_factory=dict)  # the router's last counts
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _probe_socks: dict[int, socket.socket] = field(default_factory=dict)  # port -> the router's socket
@@ -199,17 +195,16 @@ class LiveAudit:
     def _resample(self) -> None:
         """Add the router's counts since the last sample to its timelines."""
         t = time.time() - self.t_start
-        counts = router_counters(self.router_ns, self.ports)
-        for pod, (rx, tx) in counts.items():
-            last_rx, last_tx = self._last.get(pod, (rx, tx))
-            for direction, delta in (("egress", rx - last_rx), ("ingress", tx - last_tx)):
-                self.router.setdefault((pod, direction), Timeline(SAMPLE_S)).add(t, delta)
+        counts = dict(self.counts())
+        for where, n in counts.items():
+            # A pod and direction first seen now had no bytes when the audit began (the capture was running).
+            self.router.setdefault(where, Timeline(SAMPLE_S)).add(t, n - self._last.get(where, 0))
         self._last = counts
 
     async def _loop(self) -> None:
         assert self.auditor is not None and self.scenario.audit is not None
         interval = self.scenario.audit.interval_s
-        self._last = router_counters(self.router_ns, self.ports)
+        self._last = dict(self.counts())
         next_tick = self.t_start + interval
         try:
             while not self._stop.is_set():

@@ -174,6 +174,9 @@ class LabNetwork:
             pod_ns = self._netns(f"p{i}")
             ip("link", "add", "br0", "type", "bridge", ns=pod_ns)
             ip("link", "set", "br0", "up", ns=pod_ns)
+            # A switch forwards frames as they are: with br_netfilter loaded, the bridge would check and
+            # drop malformed IPv4 before it reached a DPU (the red team's lying headers).
+            in_ns(pod_ns, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0", check=False)
             plen = ipaddress.IPv4Network(pod.subnet).prefixlen
             gateway = (router, f"{pod.gateway}/{plen}")
             on_bridge: dict[str, str] = {}

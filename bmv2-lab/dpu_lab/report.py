@@ -32,7 +32,12 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class Result:
-    """Compliance of one pod in one direction; ``compliant`` means max window <= allowed."""
+    """Compliance of one pod in one direction; ``compliant`` means max window <= allowed.
+
+    ``max_window_bytes`` and ``delivered_bps`` count what crossed the pod's boundary links (boundary.py:
+    every frame, whatever it holds), which is what compliance is judged on; ``receivers_*`` are the
+    receivers' attribution of the same traffic (by IPv4 source or a lab frame's marker), shown beside it.
+    """
 
     pod: str
     direction: Direction
@@ -43,6 +48,10 @@ class Result:
     delivered_bps: float
     compliant: bool
     burst_bytes: int = 0
+    boundary_bytes: int | None = None  # every byte that crossed (None: a report from before it was counted)
+    scaleup_bytes: int | None = None  # of which over scale-up links
+    receivers_bytes: int | None = None
+    receivers_max_window_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("direction", self.direction, get_args(Direction))
@@ -124,6 +133,9 @@ class Report:
     calibration: dict[str, Any] | None = None  # real time: what the target carried here first (calibrate.py)
     # More than one router: who assigned pods to routers, and each period's assignment (pod -> router).
     routing: dict[str, Any] | None = None
+    # Where the compliance figures were counted: the kinds of boundary link, and frames the capture lost
+    # (kernel_drops > 0: the boundary counts, and so the verdict, may be low).
+    boundary: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -155,6 +167,7 @@ class Report:
             workloads=list(data.get("workloads", [])),
             calibration=data.get("calibration"),
             routing=data.get("routing"),
+            boundary=data.get("boundary"),
         )
 
 
@@ -186,7 +199,10 @@ def plot_throughput(report: Report, series: PlotSeries) -> Figure:
         axes[0].text(0.5, 0.5, "no results", ha="center", va="center", transform=axes[0].transAxes)
     for ax, result in zip(axes, report.results, strict=False):
         times, bps = series.get((result.pod, result.direction), (np.zeros(0), np.zeros(0)))
-        ax.plot(times, bps / 1e6, drawstyle="steps-post", label="delivered")
+        ax.plot(times, bps / 1e6, drawstyle="steps-post", label="crossed (boundary)")
+        r_times, r_bps = series.get((result.pod, f"{result.direction} (receivers)"), (np.zeros(0), np.zeros(0)))
+        if len(r_times):
+            ax.plot(r_times, r_bps / 1e6, drawstyle="steps-post", lw=0.8, ls="--", label="receivers' attribution")
         ax.axhline(result.cap_bps / 1e6, color="red", linestyle="--", label="cap")
         for index, phase in enumerate(report.phases):
             # Alternate the shade so that adjacent phases stay distinguishable.
@@ -218,7 +234,7 @@ def plot_detection(report: Report, series: PlotSeries) -> Figure:
     assert report.audit is not None
     fig = Figure(figsize=(9, 5), layout="constrained")
     top, lanes = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
-    # Effective inter-pod bandwidth: what left each capped pod, measured at the receivers.
+    # Effective inter-pod bandwidth: what left each capped pod, counted on its boundary links.
     peak = 0.0
     egress = [r for r in report.results if r.direction == "egress"]
     for result in egress:
@@ -228,7 +244,7 @@ def plot_detection(report: Report, series: PlotSeries) -> Figure:
         peak = max(peak, float(bps.max(initial=0.0)))
     lowest_cap = min((r.cap_bps for r in egress), default=1e6)
     top.set_ylim(0, 1.3 * max(peak, lowest_cap) / 1e6)  # a far higher cap elsewhere would flatten the rest
-    top.set_ylabel("delivered (Mbit/s)")
+    top.set_ylabel("crossed (Mbit/s)")
     top.legend(loc="upper left", fontsize=8)
     checks = list(report.audit["checks"])
     for i, check in enumerate(checks):
@@ -261,6 +277,26 @@ def _mbit(bps: float) -> str:
     return f"{bps / 1e6:.2f}"
 
 
+def _count(n: int | None) -> str:
+    """A byte count for text, or a dash where the report has none."""
+    return "-" if n is None else str(n)
+
+
+def _receivers_verdict(r: Result) -> str:
+    """Whether the receivers' figures alone would have called the cap held."""
+    if r.receivers_max_window_bytes is None:
+        return "-"
+    return "yes" if r.receivers_max_window_bytes <= r.allowed_window_bytes else "no"
+
+
+def _views_disagree(r: Result) -> bool:
+    """True when the receivers' verdict is not the boundary's."""
+    return (
+        r.receivers_max_window_bytes is not None
+        and (r.receivers_max_window_bytes <= r.allowed_window_bytes) != r.compliant
+    )
+
+
 def summary_markdown(report: Report) -> str:
     """Return the short human-readable summary of a report."""
     lines = [
@@ -270,15 +306,38 @@ def summary_markdown(report: Report) -> str:
         "",
         "## Caps",
         "",
+        "Judged on every frame that crossed the pod's boundary, whatever it held (egress: what the router "
+        "received on the pod's link; ingress: what the pod's uplink DPUs sent into it, or with no uplink DPU "
+        "what the router sent; both ways over scale-up links); the receivers' attribution of the same "
+        "traffic (by IPv4 source or lab marker) beside it.",
+        "",
         "| pod | direction | cap (Mbit/s) | window (s) | max window bytes | allowed bytes "
-        "| delivered (Mbit/s) | compliant |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| crossed (Mbit/s) | compliant | crossed bytes | of which scale-up | receivers' bytes "
+        "| receivers' max window | receivers' verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     lines += [
         f"| {r.pod} | {r.direction} | {_mbit(r.cap_bps)} | {r.window_s:g} | {r.max_window_bytes} "
-        f"| {r.allowed_window_bytes} | {_mbit(r.delivered_bps)} | {'yes' if r.compliant else 'no'} |"
+        f"| {r.allowed_window_bytes} | {_mbit(r.delivered_bps)} | {'yes' if r.compliant else 'no'} "
+        f"| {_count(r.boundary_bytes)} | {_count(r.scaleup_bytes)} | {_count(r.receivers_bytes)} "
+        f"| {_count(r.receivers_max_window_bytes)} | {_receivers_verdict(r)} |"
         for r in report.results
     ]
+    disagree = [r for r in report.results if _views_disagree(r)]
+    if disagree:
+        lines += [
+            "",
+            "The views disagree on "
+            + ", ".join(f"{r.pod} {r.direction}" for r in disagree)
+            + ": the receivers' verdict differs from what crossed the boundary (traffic they could not "
+            "attribute, or that no receiver took).",
+        ]
+    if report.boundary is not None and report.boundary.get("kernel_drops"):
+        lines += [
+            "",
+            f"**The boundary capture lost {report.boundary['kernel_drops']} frames** (its reader fell behind): "
+            "the crossed figures are low.",
+        ]
     lines += [
         "",
         "## Flows",

@@ -1,5 +1,6 @@
 """`dpu-limiter lab run`: build the network, start targets and the control plane, apply caps through
-the control plane's API (as a user would), drive traffic, measure at the receivers, report, clean up.
+the control plane's API (as a user would), drive traffic, count every frame that crosses a pod boundary
+(and what the receivers get), report, clean up.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from rich.console import Console
 from dpu_limiter.client import LimiterClient
 
 from .bmv2_firmware import NO_FORGE, bmv2_python_dir
+from .boundary import BoundaryProcess, taps_of, write_taps
 from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
-from .evaluate import LabDpu, configure, dpu_counters, evaluate, set_cap
+from .evaluate import LabDpu, configure, dpu_counters, evaluate, host_macs, set_cap
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
@@ -117,6 +119,7 @@ class LabRun:
         self.api = self._start_control_plane()
         asyncio.run(self._configure(self.api))
         self._say("caps applied through the control plane; every DPU converged (read back)")
+        crossed = self._start_boundary()
         captures = self._start_captures()
         t_start = self.t_start = time.time()
         if sc.audit is not None:
@@ -125,7 +128,7 @@ class LabRun:
                 sc,
                 self.api,
                 self.net.router_ns,
-                self.net.router_ports,
+                crossed.router_totals,
                 t_start,
                 self.net.host_ns,
                 lambda name, ns, module, args: self._spawn(name, ns, module, args).popen,
@@ -146,9 +149,14 @@ class LabRun:
             self._wait(c, timeout=15)
         if self.live is not None:
             self.live.stop()
+        boundary = crossed.finish()
+        if boundary.kernel_drops:
+            self._say(f"[yellow]the boundary capture lost {boundary.kernel_drops} frames: its counts are low[/]")
         duration = sum(ph.duration_s for ph in sc.phases)
         captured = [(host, load_capture(p.out)) for host, p in captures]
-        report, series = evaluate(sc, captured, phases, flow_results, t_start, duration, self.target, self.traffic)
+        report, series = evaluate(
+            sc, captured, boundary, phases, flow_results, t_start, duration, self.target, self.traffic
+        )
         report.dpu_counters = asyncio.run(dpu_counters(self.api))
         report.events = self.events
         if self.live is not None and self.live.auditor is not None and sc.audit is not None:
@@ -225,6 +233,25 @@ class LabRun:
         """How long what runs beside the phases (captures, probes) lasts at most; the run stops it (SIGTERM)
         once the last phase is over, so the bound is generous."""
         return 2 * sum(ph.duration_s + START_DELAY_S + 30 for ph in self.scenario.phases)
+
+    def _start_boundary(self) -> BoundaryProcess:
+        """The boundary capture (boundary.py): every frame on every link between pods, for the verdict and
+        the live audit's router counts. It runs in the root namespace and opens each link's socket in the
+        link's own."""
+        assert self.net is not None
+        raw = self.out_dir / "raw"
+        taps = raw / "boundary-taps.json"
+        write_taps(taps, taps_of(self.net))
+        out = raw / "boundary.json"
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "dpu_lab.boundary", "--taps", str(taps), "--out", str(out)]
+        cmd += ["--duration", f"{self._longest_s():.1f}", "--serve"]
+        with (raw / "boundary.log").open("wb") as err:
+            popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        self.procs.append(_Proc("boundary", popen, out))  # stopped by handle in cleanup, like the rest
+        crossed = BoundaryProcess(popen, out)
+        crossed.totals(timeout_s=30)  # answers once its sockets are open: nothing crosses uncounted after this
+        return crossed
 
     def _start_captures(self) -> list[tuple[str, _Proc]]:
         """A capture on every interface of every host (eth0, and scale-up links): all a host receives."""
@@ -325,7 +352,7 @@ class LabRun:
         i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
         if ev.action == "compromise":
             assert ev.how is not None
-            compromise(tp.management(), ev.how, ev.forge)
+            compromise(tp.management(), ev.how, ev.forge, list(host_macs(self.scenario).values()))
             self._say(f"event at {t:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
             self.events.append(
                 {"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}

@@ -16,6 +16,13 @@ segment of N bytes draws the same tokens as its frames would; what changes is gr
 segment passes or fails as a whole, so near the end of the bucket up to one segment (not one
 frame) can differ. Receivers record wire bytes in 1 ms bins per source, like the real captures.
 
+The compliance view is the boundary's, as in real time (boundary.py): every frame the network moves
+across a pod's link to its router, out of its uplink limiters into the pod, or across a scale-up link
+between pods, whatever it holds, in 1 ms bins per (pod, direction). A router link's frames are counted
+as the router sees them, those it receives on arrival and those it sends as it sends them; an uplink
+limiter's as it sends them into the pod; a scale-up link's at its first host's end. The router-link
+counts are also the verifier's router counts in the audit (audit.py).
+
 Not modelled yet: ARP (hosts know the next hop), link loss, and queue limits: links are unbounded
 FIFOs, so the limiters' meters are the only place frames are dropped.
 """
@@ -30,9 +37,10 @@ from typing import Any
 
 from p4sim.clock import VirtualClock
 
+from .boundary import key as boundary_key
 from .capture import Capture, to_capture
 from .config import Topology
-from .frames import Encap, host_mac, mac_host
+from .frames import SPORT, Encap, host_mac, mac_host
 from .frames import frame as make_frame
 from .traffic import Timeline, wire_bytes_udp
 
@@ -105,7 +113,40 @@ class Link:
         heappush(engine._heap, (free + self.delay_ns, engine._seq, self.deliver, frame))
 
 
+@dataclass(slots=True)
+class CountedLink(Link):
+    """A link whose sending end is watched: each frame is counted in `counts` as it is sent."""
+
+    counts: tuple[Timeline, ...] = ()
+
+    def send(self, frame: bytes) -> None:
+        """Count the frame at the sending end, then send it."""
+        t, n = self.engine.now_ns / NS, len(frame)
+        for tl in self.counts:
+            tl.add(t, n)
+        Link.send(self, frame)  # slots dataclasses have no zero-argument super()
+
+
 Processor = Callable[[int, bytes], list[tuple[int, bytes]]]
+
+
+def flow_mac(net: SimNetwork, host: str, peer: str, port: int) -> bytes:
+    """`host`'s source MAC on a flow with `peer`: the flow's port in its last two bytes (how the simulator
+    tells flows apart and spreads them over parallel uplinks), except between two hosts of one pod, where
+    it is the host's own: a node DPU exempts only frames from its pod mates' own MACs."""
+    if net.pod_of_host(host) == net.pod_of_host(peer):
+        return net.mac_of[host]
+    return net.mac_of[host][:4] + bytes([port >> 8, port & 0xFF])
+
+
+def l4_flow_port(frame: bytes) -> int:
+    """The flow port of a frame from a host's own MAC (flow_mac): the UDP or TCP port that is not the
+    senders' fixed source port (frames.SPORT); 0 for anything else."""
+    if len(frame) < 38 or frame[12:14] != b"\x08\x00" or frame[23] not in (6, 17):
+        return 0
+    at = 14 + (frame[14] & 0x0F) * 4
+    sport, dport = (frame[at] << 8) | frame[at + 1], (frame[at + 2] << 8) | frame[at + 3]
+    return sport if dport == SPORT else dport
 
 
 @dataclass
@@ -132,6 +173,8 @@ class Receiver:
             tl = self.bins[src] = Timeline(0.001)
         tl.add(t_s, len(frame))
         port = (frame[10] << 8) | frame[11]
+        if port == 0:
+            port = l4_flow_port(frame)
         self.packets_by_port[port] = self.packets_by_port.get(port, 0) + 1
         self.bytes_by_port[port] = self.bytes_by_port.get(port, 0) + len(frame)
         if self.endpoints:
@@ -163,10 +206,19 @@ class SimNetwork:
     uplink_bps: float = DEFAULT_UPLINK_BPS
     receivers: dict[str, Receiver] = field(default_factory=dict)
     dropped_no_route: int = 0
-    # The router's own byte counts per (pod, direction), in 1 ms bins: the verifier's, not the DPUs'.
+    # Every frame on each pod's link(s) to its router, per (pod, direction) in 1 ms bins, whatever it
+    # holds: the router's own counts (the verifier's, not the DPUs'), and with scaleup_counts (the same
+    # on scale-up links between pods) the lab's compliance view.
     router_counts: dict[tuple[str, str], Timeline] = field(default_factory=dict)
+    scaleup_counts: dict[tuple[str, str], Timeline] = field(default_factory=dict)
+    # What a pod's uplink limiters send into the pod: its ingress past its own DPUs (boundary.py).
+    uplink_counts: dict[tuple[str, str], Timeline] = field(default_factory=dict)
     pinned: dict[bytes, int] = field(default_factory=dict)  # a flow's source MAC -> its uplink (0-based)
     router_of: dict[str, str] = field(default_factory=dict)  # pod -> its router (default: the first draw)
+
+    def pod_of_host(self, host: str) -> str:
+        """The pod a host belongs to."""
+        return self._pod_of_host[host]
 
     def __post_init__(self) -> None:
         topo = self.topology
@@ -200,8 +252,16 @@ class SimNetwork:
         self._scaleup: dict[tuple[str, str], Link] = {}
         self.receivers.update({h: Receiver(addresses) for h in self._pod_of_host})
         for su in topo.scaleup_links:
-            self._scaleup[(su.a, su.b)] = Link(e, su.rate, self._host_in(su.b))
-            self._scaleup[(su.b, su.a)] = Link(e, su.rate, self._host_in(su.a))
+            pod_a, pod_b = self._pod_of_host[su.a], self._pod_of_host[su.b]
+            if pod_a == pod_b:  # inside one pod: no boundary
+                self._scaleup[(su.a, su.b)] = Link(e, su.rate, self._host_in(su.b))
+                self._scaleup[(su.b, su.a)] = Link(e, su.rate, self._host_in(su.a))
+                continue
+            # Watched at a's end, as in real time: what a sends as it leaves, what a receives as it arrives.
+            sent = (self._tl(self.scaleup_counts, pod_a, "egress"), self._tl(self.scaleup_counts, pod_b, "ingress"))
+            got = (self._tl(self.scaleup_counts, pod_b, "egress"), self._tl(self.scaleup_counts, pod_a, "ingress"))
+            self._scaleup[(su.a, su.b)] = CountedLink(e, su.rate, self._host_in(su.b), counts=sent)
+            self._scaleup[(su.b, su.a)] = Link(e, su.rate, self._arriving(got, self._host_in(su.a)))
         for pod in topo.pods:
             for h in pod.hosts:
                 to_host = Link(e, hb, self._host_in(h))
@@ -213,18 +273,44 @@ class SimNetwork:
                 else:
                     self._from_host[h] = Link(e, hb, self._switch_in(pod.name))
                     self._switch_to_host[h] = to_host
+            # The pod's link(s) to the router, watched at the router's end (boundary.py).
+            egress = (self._tl(self.router_counts, pod.name, "egress"),)
+            ingress = (self._tl(self.router_counts, pod.name, "ingress"),)
+            into_router = self._arriving(egress, self._router_in)
             if pod.placement != "pod-uplink":
-                switch_up[pod.name] = [Link(e, ub, self._router_in)]
-                router_down[pod.name] = [Link(e, ub, self._switch_in(pod.name))]
+                switch_up[pod.name] = [Link(e, ub, into_router)]
+                router_down[pod.name] = [CountedLink(e, ub, self._switch_in(pod.name), counts=ingress)]
             else:
-                ups, downs = [], []
+                ups: list[Link] = []
+                downs: list[Link] = []
+                entered = (self._tl(self.uplink_counts, pod.name, "ingress"),)
                 for name in pod.limiters():
-                    outs = {0: Link(e, ub, self._switch_in(pod.name)), 1: Link(e, ub, self._router_in)}
+                    outs = {
+                        0: CountedLink(e, ub, self._switch_in(pod.name), counts=entered),
+                        1: Link(e, ub, into_router),
+                    }
                     ups.append(Link(e, ub, self._limiter_in(name, 0, outs)))
-                    downs.append(Link(e, ub, self._limiter_in(name, 1, outs)))
+                    downs.append(CountedLink(e, ub, self._limiter_in(name, 1, outs), counts=ingress))
                 switch_up[pod.name], router_down[pod.name] = ups, downs
         self._up_send.update({pod: self._spread(links, True) for pod, links in switch_up.items()})
         self._down_send.update({pod: self._spread(links, False) for pod, links in router_down.items()})
+
+    @staticmethod
+    def _tl(counts: dict[tuple[str, str], Timeline], pod: str, direction: str) -> Timeline:
+        """The timeline of (pod, direction) in `counts`, made on first use."""
+        return counts.setdefault((pod, direction), Timeline(0.001))
+
+    def _arriving(self, counts: tuple[Timeline, ...], deliver: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """`deliver`, counting each frame in `counts` as it arrives (a link watched at its receiving end)."""
+        engine = self.engine
+
+        def counted(frame: bytes) -> None:
+            t, n = engine.now_ns / NS, len(frame)
+            for tl in counts:
+                tl.add(t, n)
+            deliver(frame)
+
+        return counted
 
     # Addresses are read in place: mac_host(frame[0:6]) is (frame[1], frame[2]), and of the source
     # MAC frame[6:12], (frame[7], frame[8]).
@@ -282,18 +368,16 @@ class SimNetwork:
         self.router_of = dict(router_of)
 
     def _router_in(self, frame: bytes) -> None:
-        """A frame from a pod's uplink reaches its router: counted, then down to a pod of this router
-        or up to the spine."""
+        """A frame from a pod's uplink reaches its router (counted on its way in): down to a pod of this
+        router or up to the spine."""
         pod = self._pod_of_id.get((frame[1], frame[2]))
         if pod is None:
             self.dropped_no_route += 1
             return
-        src = self._pod_of_id.get((frame[7], frame[8]))  # the port it came in on, as a router would count it
+        src = self._pod_of_id.get((frame[7], frame[8]))  # the port it came in on
         here = self.router_of[src if src is not None else pod]
-        if src is not None and src != pod:
-            self._count(src, "egress", self.engine.now_ns / NS, len(frame))
         if self.router_of[pod] == here:
-            self._down(pod, src, frame)
+            self._down_send[pod](frame)
         else:
             self._to_spine[here].send(frame)
 
@@ -310,21 +394,9 @@ class SimNetwork:
             if pod is None or self.router_of[pod] != router:
                 self.dropped_no_route += 1  # its pod moved to another router meanwhile
                 return
-            self._down(pod, self._pod_of_id.get((frame[7], frame[8])), frame)
+            self._down_send[pod](frame)  # counted as it goes down the pod's link
 
         return from_spine
-
-    def _down(self, pod: str, src: str | None, frame: bytes) -> None:
-        """The router sends a frame into `pod` (counted as the pod's ingress when it comes from outside)."""
-        if src != pod:
-            self._count(pod, "ingress", self.engine.now_ns / NS, len(frame))
-        self._down_send[pod](frame)
-
-    def _count(self, pod: str, direction: str, t_s: float, nbytes: int) -> None:
-        tl = self.router_counts.get((pod, direction))
-        if tl is None:
-            tl = self.router_counts[(pod, direction)] = Timeline(0.001)
-        tl.add(t_s, nbytes)
 
     def _host_in(self, host: str) -> Callable[[bytes], None]:
         rx = self.receivers[host]
@@ -337,6 +409,19 @@ class SimNetwork:
     def captures(self) -> list[tuple[str, Capture]]:
         """Each host's received bytes, in the form the real captures take."""
         return [(h, to_capture(h, 0.0, r.bins, 0, "virtual")) for h, r in self.receivers.items()]
+
+    def boundary(self) -> Capture:
+        """Every frame across the pods' boundaries, in the form the real boundary capture takes."""
+        timelines = {
+            boundary_key(pod, direction, kind): tl
+            for kind, counts in (
+                ("router", self.router_counts),
+                ("scale-up", self.scaleup_counts),
+                ("uplink", self.uplink_counts),
+            )
+            for (pod, direction), tl in counts.items()
+        }
+        return to_capture("boundary", 0.0, timelines, 0, "virtual")
 
 
 @dataclass
@@ -384,7 +469,7 @@ def udp_source(
     """A UDP source from `src` to `dst`'s `port` sending `payload`-byte datagrams on `segments`,
     shaped as `encap` (frames.py) and with a forged IPv4 source if `spoof_src`."""
     topo = net.topology
-    src_mac = net.mac_of[src][:4] + bytes([port >> 8, port & 0xFF])
+    src_mac = flow_mac(net, src, dst, port)
     frame = make_frame(
         encap, topo.address_of(src), topo.address_of(dst), port, payload, src_mac, net.mac_of[dst], spoof_src
     )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from .frames import SEQ_OFFSET, SPORT, tcp_frame
-from .sim import Engine, SimNetwork
+from .sim import Engine, SimNetwork, flow_mac
 
 MSS = 1460
 WINDOW_BYTES = 4 * 1024 * 1024  # the receiver's advertised window (Linux's rmem default is of this order)
@@ -259,13 +259,12 @@ def tcp_flow(
     net: SimNetwork, src: str, dst: str, port: int, start_ns: int, end_ns: int, mss: int = MSS
 ) -> tuple[TcpSender, TcpReceiver]:
     """A bulk TCP flow from `src` to `dst`'s `port`, started; data and ACKs carry the flow's port
-    in their source MACs, so both are attributed to the flow (frames.py)."""
+    in their source MACs (or, within a pod, in their TCP ports), so both are attributed to the flow."""
     if mss < 1:
         raise ValueError(f"mss: {mss} must be at least 1 byte")
     topo = net.topology
     a, b = topo.address_of(src), topo.address_of(dst)
-    src_mac = net.mac_of[src][:4] + bytes([port >> 8, port & 0xFF])
-    dst_mac = net.mac_of[dst][:4] + bytes([port >> 8, port & 0xFF])
+    src_mac, dst_mac = flow_mac(net, src, dst, port), flow_mac(net, dst, src, port)
     data = tcp_frame(a, b, SPORT, port, WINDOW_BYTES, mss, src_mac, net.mac_of[dst])
     ack = tcp_frame(b, a, port, SPORT, WINDOW_BYTES, 0, dst_mac, net.mac_of[src])
     window = max(WINDOW_BYTES // mss, 2)

@@ -5,6 +5,7 @@ embedded targets that run on simulated time (see sim.py for what is and is not m
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from p4sim.server import Device, add_to_server
 from .audit import PROBE_PORT, AgentView, Auditor, Probe
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
-from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, set_cap
+from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, set_cap
 from .frames import Encap, shape
 from .report import Flow, Phase, Protocol, Report, write_report
 from .routing import cell_name, reroute
@@ -120,6 +121,9 @@ class VirtualLabRun:
                 raise ConfigError(
                     f"flow {f.name!r}: a TCP flow is plain TCP/IPv4 in virtual time; remove encap/spoof_src"
                 )
+        for f in (f for ph in self.scenario.phases for f in ph.flows if f.rate == math.inf):
+            # Virtual links have no sender speed to run at: the flow would never let the clock move.
+            raise ConfigError(f"flow {f.name!r}: rate: max is real time only; give a rate in virtual time")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
         return asyncio.run(self._run())
@@ -185,7 +189,7 @@ class VirtualLabRun:
             self._say(f"t={t_s:.1f} s: {ev.dpu} down for {ev.down_s:g} s, back with no pipeline")
             return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s}
         assert ev.how is not None
-        compromise(LocalFirmware(devices[ev.dpu]), ev.how, ev.forge)
+        compromise(LocalFirmware(devices[ev.dpu]), ev.how, ev.forge, list(host_macs(self.scenario).values()))
         self._say(f"t={t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
         return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
 
@@ -346,7 +350,9 @@ class VirtualLabRun:
                 )
             )
         duration = sum(ph.duration_s for ph in sc.phases)
-        report, series = evaluate(sc, net.captures(), phases, flows, 0.0, duration, "embedded", "simulated")
+        report, series = evaluate(
+            sc, net.captures(), net.boundary(), phases, flows, 0.0, duration, "embedded", "simulated"
+        )
         report.time = "virtual"
         report.events = events
         if len(sc.topology.routers) > 1:

@@ -112,6 +112,15 @@ class ScaleUpLink(_Model):
             raise ValueError(str(exc)) from None
 
 
+class SwitchRelay(_Model):
+    """A pod switch that betrays its node DPUs' exemption: frames its pod's other hosts address to
+    `addressed_to` (exempt at their node DPUs as intra-pod) leave the pod toward `to`, a host of another
+    pod, their Ethernet destination rewritten to `to`'s MAC so the router switches them there."""
+
+    addressed_to: str
+    to: str
+
+
 class RoutingSpec(_Model):
     """Which router each pod's uplink lands on (virtual time, with more than one router).
 
@@ -137,13 +146,14 @@ class RoutingSpec(_Model):
 
 class Topology(_Model):
     """Pods behind limiting devices, joined by routers (more than one: through a spine), and, to model
-    a bypass, scale-up links."""
+    bypasses, scale-up links and pod switches that relay frames out of their pod."""
 
     name: str
     pods: list[PodSpec] = Field(min_length=1, max_length=16)
     routers: list[str] = Field(default_factory=lambda: ["r1"], min_length=1, max_length=16)
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     scaleup_links: list[ScaleUpLink] = Field(default_factory=list, max_length=64)
+    switch_relays: list[SwitchRelay] = Field(default_factory=list, max_length=64)
 
     _check_routers = field_validator("routers")(lambda v: [_name(r) for r in v])
 
@@ -186,7 +196,29 @@ class Topology(_Model):
                     raise ValueError(f"scaleup_links[{i}]: unknown host {end!r}")
             if link.a == link.b:
                 raise ValueError(f"scaleup_links[{i}]: a link needs two different hosts")
+        self._check_relays(hosts)
         return self
+
+    def _check_relays(self, hosts: list[str]) -> None:
+        """Each relay names known hosts of two different pods, and each host's frames go one way only."""
+        relayed: dict[str, int] = {}
+        for i, relay in enumerate(self.switch_relays):
+            for end in ("addressed_to", "to"):
+                if getattr(relay, end) not in hosts:
+                    raise ValueError(f"switch_relays[{i}].{end}: unknown host {getattr(relay, end)!r}")
+            pod = self.pod_of_host(relay.addressed_to).name
+            if self.pod_of_host(relay.to).name == pod:
+                # Inside its own pod a switch delivers where it likes: no boundary is crossed.
+                raise ValueError(
+                    f"switch_relays[{i}].to: {relay.to!r} is in pod {pod!r}, as {relay.addressed_to!r} is; "
+                    "a relay takes frames out of the pod"
+                )
+            if relay.addressed_to in relayed:
+                raise ValueError(
+                    f"switch_relays[{i}].addressed_to: frames to {relay.addressed_to!r} are already relayed "
+                    f"by switch_relays[{relayed[relay.addressed_to]}]"
+                )
+            relayed[relay.addressed_to] = i
 
     def limiters(self) -> list[str]:
         """Names of every limiter: the pods' (PodSpec.limiters), or dpu-ROUTER per router (router placement)."""

@@ -14,6 +14,9 @@ every host's eth0 gets), as the virtual-time simulator does: each pod's bridge k
 to a host of pod P out of P's port unchanged (tc, before its IP stack could drop or rewrite it). So
 evasion frames (evasion.py) that no router would route, VLAN-tagged, IPv6, with a forged source,
 reach their receiver through both pods' limiters exactly as they were sent.
+
+A topology's `switch_relays` make a pod's bridge betray its node DPUs' exemption (relay.py): frames its
+hosts send to one host's MAC leave by the bridge's router-facing port, addressed to a host of another pod.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ class LabNetwork:
     router_ports: dict[str, str] = field(default_factory=dict)  # pod -> its port's name in the router namespace
     # Each pod's bridge ports: its hosts' ({host: port}) and its uplink's, for the bridges' static MACs.
     bridge_ports: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
+    pod_ns: dict[str, str] = field(default_factory=dict)  # pod -> its namespace (its switch's)
 
     @property
     def prefix(self) -> str:
@@ -172,6 +176,7 @@ class LabNetwork:
         hosts_seen = 0
         for i, pod in enumerate(self.topology.pods):
             pod_ns = self._netns(f"p{i}")
+            self.pod_ns[pod.name] = pod_ns
             ip("link", "add", "br0", "type", "bridge", ns=pod_ns)
             ip("link", "set", "br0", "up", ns=pod_ns)
             # A switch forwards frames as they are: with br_netfilter loaded, the bridge would check and
@@ -213,6 +218,7 @@ class LabNetwork:
         for k, link in enumerate(self.topology.scaleup_links):
             self._scaleup(k, link.a, link.b)
         self._switch_by_mac()
+        self._relays()
 
     def _switch_by_mac(self) -> None:
         """Static MACs in every pod's bridge, and the router's switching of frames addressed to hosts."""
@@ -233,6 +239,21 @@ class LabNetwork:
                 f"action mirred egress redirect dev {self.router_ports[pod.name]}"
             )
         batch(self.router_ns, "tc", lines)
+
+    def _relays(self) -> None:
+        """Pod switches that relay frames out of their pod (Topology.switch_relays; relay.py): on each of the
+        pod's host ports but the addressee's, frames to its MAC leave by the bridge's router-facing port."""
+        for relay in self.topology.switch_relays:
+            pod_ns = self.pod_ns[self.topology.pod_of_host(relay.addressed_to).name]
+            on_bridge, uplink = self.bridge_ports[pod_ns]
+            ports = [port for host, port in on_bridge.items() if host != relay.addressed_to]
+            match, new = mac_text(self.mac_of(relay.addressed_to)), mac_text(self.mac_of(relay.to))
+            cmd = [sys.executable, "-m", "dpu_lab.relay", "--match", match, "--set", new, "--out", uplink, *ports]
+            res = subprocess.run(["ip", "netns", "exec", pod_ns, *cmd], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise NetError(
+                    f"installing the relay of {relay.addressed_to}'s frames in {pod_ns}: {res.stderr.strip()}"
+                )
 
     def _scaleup(self, k: int, a: str, b: str) -> None:
         """An NVSwitch-style path: a veth `nvsK` straight between two hosts, with /32 routes over it."""

@@ -88,6 +88,7 @@ class LabRun:
         if virtual_only:
             raise ConfigError(f"{', '.join(virtual_only)}: modelled in virtual time only for now; use --time virtual")
         check_frame_sizes(sc)
+        check_relayed_flows(sc, self.traffic)
         check_prerequisites()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
@@ -459,6 +460,24 @@ def check_frame_sizes(sc: Scenario) -> None:
                 raise ConfigError(
                     f"phases[{pi}].flows[{fi}].size: {f.size} bytes shaped as {f.encap} make frames longer than a "
                     f"1500-byte MTU carries in real time; at most {most}"
+                )
+
+
+def check_relayed_flows(sc: Scenario, traffic: str) -> None:
+    """Refuse a flow that needs answers from a host whose pod's switch relays its pod mates' frames away
+    (Topology.switch_relays): TCP, or any socket flow iperf3 drives, which sets up over a TCP control
+    connection that the relay would carry off too, so the run could measure nothing."""
+    relayed = {r.addressed_to: (i, r.to) for i, r in enumerate(sc.topology.switch_relays)}
+    for pi, ph in enumerate(sc.phases):
+        for fi, f in enumerate(ph.flows):
+            if f.dst not in relayed or sc.topology.pod_of_host(f.src) != sc.topology.pod_of_host(f.dst):
+                continue
+            i, to = relayed[f.dst]
+            if f.protocol == "tcp" or (traffic == "iperf3" and not f.raw_frames):
+                how = "TCP" if f.protocol == "tcp" else "iperf3's control connection"
+                raise ConfigError(
+                    f"phases[{pi}].flows[{fi}]: {how} needs answers from {f.dst}, but switch_relays[{i}] sends "
+                    f"what {f.src} sends {f.dst} to {to}; use UDP with --traffic builtin"
                 )
 
 

@@ -196,7 +196,9 @@ class SimNetwork:
     `limiters` maps a limiter's name (PodSpec.limiters) to its packet path (port 0 faces the host
     side, port 1 the uplink side). Over parallel uplinks the pod's switch and the router spread
     frames by a hash of the sending flow (source MAC: host and port), as ECMP does, unless the flow
-    is pinned to one (`pinned`: an attacker choosing its ports for a compromised uplink).
+    is pinned to one (`pinned`: an attacker choosing its ports for a compromised uplink). A pod switch
+    with a relay (Topology.switch_relays) sends frames from its hosts to the relayed host's MAC out of
+    the pod instead, addressed to the far host, as the real lab's relay filter does (relay.py).
     """
 
     topology: Topology
@@ -267,11 +269,11 @@ class SimNetwork:
                 to_host = Link(e, hb, self._host_in(h))
                 if pod.placement == "node":
                     name = f"dpu-{h}"
-                    to_switch = Link(e, hb, self._switch_in(pod.name))
+                    to_switch = Link(e, hb, self._switch_in(pod.name, from_hosts=True))
                     self._from_host[h] = Link(e, hb, self._limiter_in(name, 0, {0: to_host, 1: to_switch}))
                     self._switch_to_host[h] = Link(e, hb, self._limiter_in(name, 1, {0: to_host, 1: to_switch}))
                 else:
-                    self._from_host[h] = Link(e, hb, self._switch_in(pod.name))
+                    self._from_host[h] = Link(e, hb, self._switch_in(pod.name, from_hosts=True))
                     self._switch_to_host[h] = to_host
             # The pod's link(s) to the router, watched at the router's end (boundary.py).
             egress = (self._tl(self.router_counts, pod.name, "egress"),)
@@ -339,7 +341,8 @@ class SimNetwork:
                 return
         self._from_host[host].send(frame)
 
-    def _switch_in(self, pod: str) -> Callable[[bytes], None]:
+    def _switch_in(self, pod: str, from_hosts: bool = False) -> Callable[[bytes], None]:
+        """The pod's switch as a frame reaches it: from the pod's hosts (`from_hosts`) or from outside."""
         host_of, pod_of_host, pod_of_id = self._host_of, self._pod_of_host, self._pod_of_id
         to_host, up_send = self._switch_to_host, self._up_send
 
@@ -350,7 +353,30 @@ class SimNetwork:
             elif pod_of_id.get((frame[7], frame[8])) == pod:
                 up_send[pod](frame)  # leaving the pod (or addressed to no known host)
 
-        return switch
+        relays = {
+            self.mac_of[r.addressed_to]: self.mac_of[r.to]
+            for r in self.topology.switch_relays
+            if from_hosts and pod_of_host[r.addressed_to] == pod
+        }
+        if not relays:
+            return switch
+        # The last frame relayed and its rewrite: a source resends one frame object, and the targets
+        # remember a frame's parse by its identity (p4sim's program memo).
+        last: list[bytes] = [b"", b""]
+
+        def relaying(frame: bytes) -> None:
+            # As the real lab's relay filter on the pod's host ports (relay.py): the whole destination MAC
+            # matched, rewritten to the far host's, and the frame sent out of the pod's uplink side
+            # whatever its source, instead of being switched.
+            to = relays.get(frame[:6])
+            if to is None:
+                switch(frame)
+                return
+            if frame is not last[0]:
+                last[0], last[1] = frame, to + frame[6:]
+            up_send[pod](last[1])
+
+        return relaying
 
     def _limiter_in(self, name: str, port: int, outs: dict[int, Link]) -> Callable[[bytes], None]:
         process = self.limiters[name]

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import plane_with_pod
+from conftest import plane_with_pod, programmed_target
 from dpu_limiter import dataplane as dp
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
@@ -135,3 +135,17 @@ async def _register_nodes(client: LimiterClient) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     listed = await client.stub.ListDpus(pb.ListDpusRequest())
     assert [d.name for d in listed.dpus] == ["n1"]  # nothing else stored
+
+
+async def test_usage_counts_arp_its_meter_passed_apart_from_what_it_dropped(tmp_path: Path) -> None:
+    """A flood of minimum-size ARP: usage says how much ARP crossed (its bucket) and how much was dropped."""
+    from scapy.layers.l2 import ARP, Ether
+
+    async with programmed_target(tmp_path, (8e6, 8e6, 2.0, 100_000)) as (device, _, c):
+        arp = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(psrc="10.0.1.1", pdst="10.0.1.254"))  # 42 bytes
+        passed = sum(len(device.process(0, arp)) for _ in range(100))
+        assert passed == ARP_BURST_BYTES // len(arp)  # its own bucket, nothing from the cap's
+        egress = next(u for u in (await c.usage("a")).usage if u.direction == "egress")
+        assert egress.arp_bytes == passed * len(arp) == egress.exempt_bytes
+        assert egress.arp_dropped_bytes == (100 - passed) * len(arp)
+        assert egress.intra_bytes == 0 and egress.metered_bytes == 0

@@ -113,11 +113,11 @@ class AgentView:
 
 
 def passed_and_metered(usage: dict[str, dict[str, tuple[int, int]]]) -> tuple[int, int]:
-    """Bytes passed out (green, yellow) and bytes that reached the meter stage on the way in (passed,
-    or dropped by the meter, the window budget or for want of a lease)."""
+    """Bytes passed out (green, yellow, and ARP its own meter passed) and bytes that reached a meter on
+    the way in (passed, or dropped by the meter, the window budget, for want of a lease; all ARP)."""
     egress, ingress = usage["egress"], usage["ingress"]
-    out = egress["green"][1] + egress["yellow"][1]
-    into = sum(ingress[c][1] for c in ("green", "yellow", "red", "window", "lease"))
+    out = egress["green"][1] + egress["yellow"][1] + egress["arp"][1] - egress["arp_red"][1]
+    into = sum(ingress[c][1] for c in ("green", "yellow", "red", "window", "lease", "arp"))
     return out, into
 
 

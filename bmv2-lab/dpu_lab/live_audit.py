@@ -76,10 +76,12 @@ class ApiView:
         out: dict[str, tuple[int, int]] = {}
         for u in usage.usage:
             passed, metered = out.get(u.pod, (0, 0))
+            # As audit.passed_and_metered: ARP has a meter of its own (arp_bytes: what it passed).
             if u.direction == "egress":
-                passed += u.green_bytes + u.yellow_bytes
+                passed += u.green_bytes + u.yellow_bytes + u.arp_bytes
             else:
-                metered += u.green_bytes + u.yellow_bytes + u.red_bytes + u.window_bytes + u.lease_bytes
+                metered += u.green_bytes + u.yellow_bytes + u.red_bytes + u.window_bytes + u.lease_bytes + u.arp_bytes
+                metered += u.arp_dropped_bytes
             out[u.pod] = (passed, metered)
         return {pod: (pod, counts) for pod, counts in out.items()}
 

@@ -48,7 +48,7 @@ class DirectionUsage:
     lease_bytes: int  # dropped for want of a valid lease
     spoofed_bytes: int  # dropped: IPv4 from inside the pod with a source outside it
     intra_bytes: int = 0  # of exempt_bytes: IPv4 between nodes of the pod (node DPUs only)
-    arp_bytes: int = 0  # of exempt_bytes: well-formed minimum-size ARP, through ARP's own meter
+    arp_bytes: int = 0  # of exempt_bytes: well-formed minimum-size ARP that ARP's own meter passed
     arp_dropped_bytes: int = 0  # dropped: ARP over its own allowance
     dpu: str = ""  # empty: the pod's totals; else the one DPU these counters are from
     dpus_unread: int = 0  # a pod's totals: how many of its DPUs' counters could not be read (left out)
@@ -628,7 +628,7 @@ def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, t
     return DirectionUsage(
         pod=pod,
         direction=direction,
-        exempt_bytes=b("intra") + b("arp"),
+        exempt_bytes=b("intra") + b("arp") - b("arp_red"),
         metered_bytes=b("ipv4") + b("fragment") + b("other"),
         green_bytes=b("green"),
         yellow_bytes=b("yellow"),
@@ -641,7 +641,7 @@ def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, t
         lease_bytes=b("lease"),
         spoofed_bytes=b("spoofed"),
         intra_bytes=b("intra"),
-        arp_bytes=b("arp"),
+        arp_bytes=b("arp") - b("arp_red"),  # the class counts ARP before its meter drops any
         arp_dropped_bytes=b("arp_red"),
         dpu=dpu,
     )

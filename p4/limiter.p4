@@ -19,8 +19,9 @@
  * request or reply) and at most ARP_MAX_FRAME bytes long, through a small meter
  * of its own (cell ARP_CELLS + cell of boundary_meter) whose rate and burst the
  * control plane carves out of the cap, so the two meters together never pass
- * more than the cap. It is not gated by the lease: neighbour discovery keeps
- * working when the lease lapses, within its small allowance.
+ * more than the cap. Without a valid lease, ARP passes (through the same meter)
+ * only to or from a pod peer: a node's neighbour discovery inside its pod keeps
+ * working when the lease lapses, and nothing else does.
  *
  * Everything else that crosses (IPv4 to or from other pods, IPv4 fragments,
  * malformed IPv4, IPv6, VLAN-tagged frames, oversized or malformed ARP, any
@@ -238,6 +239,7 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
 
     apply {
         if (boundary.apply().hit) {
+            bool pod_addresses = false;  // IPv4 with source and destination in the pod
             if (hdr.arp.isValid() && hdr.arp.htype == 1 && hdr.arp.ptype == ETHERTYPE_IPV4
                     && hdr.arp.hlen == 6 && hdr.arp.plen == 4 && (hdr.arp.oper == 1 || hdr.arp.oper == 2)
                     && standard_metadata.packet_length <= ARP_MAX_FRAME) {
@@ -250,31 +252,30 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                     meta.class = CLASS_FRAGMENT;
                 } else {
                     meta.class = CLASS_IPV4;
-                    if (meta.inside == 1) {
-                        meta.peer_mac = hdr.ethernet.dstAddr;
-                    } else {
-                        meta.peer_mac = hdr.ethernet.srcAddr;
-                    }
                     if (src_inside) {
-                        if (dst_in_pod.apply().hit) {
-                            if (pod_peers.apply().hit) {
-                                meta.class = CLASS_INTRA;
-                            }
-                        }
+                        pod_addresses = dst_in_pod.apply().hit;
                     }
                 }
             } else {
                 meta.class = CLASS_OTHER;
             }
+            // Whether the frame goes to (leaving the node) or comes from (entering it) a pod peer.
+            // One lookup for every class: a table is applied once in the pipeline.
+            bool to_peer = false;
+            if (meta.class == CLASS_ARP || pod_addresses) {
+                if (meta.inside == 1) {
+                    meta.peer_mac = hdr.ethernet.dstAddr;
+                } else {
+                    meta.peer_mac = hdr.ethernet.srcAddr;
+                }
+                to_peer = pod_peers.apply().hit;
+            }
+            if (pod_addresses && to_peer) {
+                meta.class = CLASS_INTRA;
+            }
             class_counter.count((meta.cell << 3) | (bit<32>)meta.class);
             if (meta.class == CLASS_SPOOFED) {
                 mark_to_drop(standard_metadata);
-            } else if (meta.class == CLASS_ARP) {
-                boundary_meter.execute_meter(ARP_CELLS + meta.cell, meta.color);
-                if (meta.color == V1MODEL_METER_COLOR_RED) {
-                    color_counter.count((meta.cell << 3) | (bit<32>)CODE_ARP_RED);
-                    mark_to_drop(standard_metadata);
-                }
             } else if (meta.class != CLASS_INTRA) {
                 bool leased = false;
                 lease_cfg.apply();
@@ -291,7 +292,20 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                     }
                     leased = now - granted < meta.lease_life;
                 }
-                if (leased) {
+                if (meta.class == CLASS_ARP) {
+                    // Without a lease ARP still passes between pod mates (a node's neighbour discovery
+                    // inside its pod keeps its intra-pod traffic going), never to anyone else.
+                    if (leased || to_peer) {
+                        boundary_meter.execute_meter(ARP_CELLS + meta.cell, meta.color);
+                        if (meta.color == V1MODEL_METER_COLOR_RED) {
+                            color_counter.count((meta.cell << 3) | (bit<32>)CODE_ARP_RED);
+                            mark_to_drop(standard_metadata);
+                        }
+                    } else {
+                        color_counter.count((meta.cell << 3) | (bit<32>)CODE_LEASE);
+                        mark_to_drop(standard_metadata);
+                    }
+                } else if (leased) {
                     boundary_meter.execute_meter(meta.cell, meta.color);
                     if (meta.color != V1MODEL_METER_COLOR_RED) {
                         window_cfg.apply();

@@ -35,7 +35,7 @@ def test_a_pod_uplink_exempts_nothing_and_a_node_only_its_pod_mates() -> None:
     assert uplink.peers == ()
     n1 = dp.intent_for(node("n1", MACS[0]), POD, None, peers=MACS)
     assert n1.peers == MACS[1:]  # the others, never itself
-    entries = [e for e in dp.prefix_entities(n1) if e.table_id == dp.TABLE_PEERS]
+    entries = [e for e in dp.exemption_entities(n1) if e.table_id == dp.TABLE_PEERS]
     assert len(entries) == 2
 
 

@@ -14,7 +14,7 @@ from dpu_limiter.models import NAME_RE
 from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
-from .frames import CLAIMING, Encap, claimed_dst
+from .frames import CLAIMING, Encap, claimed_dst, host_mac
 from .workloads import WorkloadSpec, expand
 
 
@@ -247,6 +247,10 @@ class Topology(_Model):
     def pod(self, name: str) -> PodSpec:
         """The pod named `name`."""
         return next(p for p in self.pods if p.name == name)
+
+    def host_macs(self) -> dict[str, bytes]:
+        """Every host's MAC (frames.host_mac: pod index, host index from 1), by host name."""
+        return {h: host_mac(i, j + 1) for i, pod in enumerate(self.pods) for j, h in enumerate(pod.hosts)}
 
     def pod_of_host(self, host: str) -> PodSpec:
         """The pod a host belongs to."""

@@ -18,7 +18,6 @@ from dpu_limiter.units import allowed_window_bytes
 from . import boundary, measure
 from .capture import Capture
 from .config import CapSpec, EventSpec, Scenario
-from .frames import host_mac
 from .report import Direction, Flow, Phase, Report, Result
 from .routing import apply_pods, control_pods
 
@@ -43,12 +42,8 @@ class LabDpu:
 
 
 def host_macs(sc: Scenario) -> dict[str, str]:
-    """Every host's MAC (the lab's, frames.host_mac), by host name."""
-    return {
-        h: ":".join(f"{b:02x}" for b in host_mac(i, j + 1))
-        for i, pod in enumerate(sc.topology.pods)
-        for j, h in enumerate(pod.hosts)
-    }
+    """Every host's MAC as text, by host name."""
+    return {h: mac.hex(":") for h, mac in sc.topology.host_macs().items()}
 
 
 def node_mac(sc: Scenario, d: LabDpu) -> str:

@@ -222,9 +222,7 @@ class LabNetwork:
 
     def _switch_by_mac(self) -> None:
         """Static MACs in every pod's bridge, and the router's switching of frames addressed to hosts."""
-        macs = {
-            h: mac_text(host_mac(i, j + 1)) for i, pod in enumerate(self.topology.pods) for j, h in enumerate(pod.hosts)
-        }
+        macs = {h: mac_text(m) for h, m in self.topology.host_macs().items()}
         for pod_ns, (on_bridge, uplink) in self.bridge_ports.items():
             # Static entries: a frame for a host no one has heard from yet is not flooded to every port.
             batch(

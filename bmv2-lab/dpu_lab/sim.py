@@ -40,7 +40,7 @@ from p4sim.clock import VirtualClock
 from .boundary import key as boundary_key
 from .capture import Capture, to_capture
 from .config import Topology
-from .frames import SPORT, Encap, host_mac, mac_host
+from .frames import SPORT, Encap, mac_host
 from .frames import frame as make_frame
 from .traffic import Timeline, wire_bytes_udp
 
@@ -226,7 +226,7 @@ class SimNetwork:
         topo = self.topology
         # Frames are switched and routed by Ethernet address (frames.host_mac), never by what an
         # evading sender may put in or around its IP header.
-        self.mac_of = {h: host_mac(pi, hi + 1) for pi, p in enumerate(topo.pods) for hi, h in enumerate(p.hosts)}
+        self.mac_of = topo.host_macs()
         self._host_of: dict[tuple[int, int], str] = {mac_host(m): h for h, m in self.mac_of.items()}
         self._pod_of_host = {h: p.name for p in topo.pods for h in p.hosts}
         self._pod_of_id = {mac_host(m): self._pod_of_host[h] for h, m in self.mac_of.items()}

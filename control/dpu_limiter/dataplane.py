@@ -192,7 +192,7 @@ def intent_for(
     )
 
 
-def prefix_entities(intent: Intent) -> list[fy.P4TableEntry]:
+def exemption_entities(intent: Intent) -> list[fy.P4TableEntry]:
     """Exemption entries: a packet is intra-pod when both prefix lookups and the peer lookup hit."""
     out = [
         fy.P4TableEntry(
@@ -394,7 +394,7 @@ class Codec:
                 encoded = (e.encode(self.schema).table_entry for e in entries)
                 return {entry_key(te): te for te in encoded}
 
-            prefixes = prefix_entities(intent)
+            prefixes = exemption_entities(intent)
             self._tables_of = (
                 key,
                 {

@@ -225,8 +225,12 @@ class LabNetwork:
         macs = {h: mac_text(m) for h, m in self.topology.host_macs().items()}
         for pod_ns, (on_bridge, uplink) in self.bridge_ports.items():
             # Static entries: a frame for a host no one has heard from yet is not flooded to every port.
+            # Sticky: a frame from elsewhere with a host's MAC as its source cannot move the host's
+            # entry (a pod switch's port security), or exempt frames to it would leave the pod.
             batch(
-                pod_ns, "bridge", [f"fdb add {m} dev {on_bridge.get(h, uplink)} master static" for h, m in macs.items()]
+                pod_ns,
+                "bridge",
+                [f"fdb add {m} dev {on_bridge.get(h, uplink)} master static sticky" for h, m in macs.items()],
             )
         # One shared filter block on every pod port: a frame whose destination MAC is 02:PP:... (a host of
         # pod PP) leaves by PP's port as it came; any other frame (IPv4 to the router's MAC, ARP) is routed.

@@ -25,10 +25,12 @@ async def cp(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, LimiterClient]
         await plane.stop()
 
 
-async def _invalid(coro: object, field: str, value: str) -> None:
+async def _invalid(
+    coro: object, field: str, value: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await coro  # type: ignore[misc]
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.code() == code
     assert field in (err.value.details() or "")
     assert value in (err.value.details() or "")
 
@@ -57,18 +59,20 @@ async def test_bad_input_names_field_and_value_and_stores_nothing(
     await _invalid(c.apply_pod("b", ["10.0.2.1/24"]), "pod.ipv4_prefixes[0]", "10.0.2.1/24")
     await _invalid(c.apply_pod("b", ["10.0.1.128/25"]), "pod.ipv4_prefixes", "overlaps 10.0.1.0/24")
     await _invalid(c.apply_pod("B!", ["10.0.2.0/24"]), "pod.name", "B!")
-    await _invalid(c.register_dpu(dpu(name="dpu-x", pod="nope")), "dpu.pod", "nope")
+    await _invalid(c.register_dpu(dpu(name="dpu-x", pod="nope")), "dpu.pod", "nope", grpc.StatusCode.NOT_FOUND)
     await _invalid(c.register_dpu(dpu(name="dpu-x", addr="127.0.0.1")), "dpu.p4runtime_address", "127.0.0.1")
     await _invalid(c.register_dpu(dpu(name="dpu-x", addr="999.0.0.1:5")), "dpu.p4runtime_address", "999.0.0.1:5")
-    await _invalid(c.register_dpu(dpu()), "dpu.name", "dpu-a")
-    await _invalid(c.register_dpu(dpu(name="dpu-y")), "dpu.p4runtime_address", "127.0.0.1:1")
+    await _invalid(c.register_dpu(dpu()), "dpu.name", "dpu-a", grpc.StatusCode.ALREADY_EXISTS)
+    await _invalid(
+        c.register_dpu(dpu(name="dpu-y")), "dpu.p4runtime_address", "127.0.0.1:1", grpc.StatusCode.ALREADY_EXISTS
+    )
     await _invalid(c.set_pod_cap("a", -1, 20e6, 10.0), "cap.egress_bps", "-1")
     await _invalid(c.set_pod_cap("a", 20e6, 0, 10.0), "cap.ingress_bps", "0")
     await _invalid(c.set_pod_cap("a", 20e6, 20e6, 0), "cap.window_s", "0")
     await _invalid(c.set_pod_cap("a", 20e6, 20e6, -3), "cap.window_s", "-3")
     await _invalid(c.set_pod_cap("a", 20e6, 20e6, 10, 1 << 40), "cap.burst_bytes", str(1 << 40))
     await _invalid(c.set_pod_cap("a", 1e12, 1e12, 10), "cap.burst_bytes", "the default, 100 ms at the rate")
-    await _invalid(c.set_pod_cap("zz", 20e6, 20e6, 10), "pod", "zz")
+    await _invalid(c.set_pod_cap("zz", 20e6, 20e6, 10), "pod", "zz", grpc.StatusCode.NOT_FOUND)
     await _invalid(c.set_pod_cap("a", float("nan"), 20e6, 10), "cap.egress_bps", "nan")
 
     assert (await c.status()).generation == gen

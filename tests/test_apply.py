@@ -105,10 +105,10 @@ def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, server: s
     for dry in ([], ["--dry-run"]):
         res = cli("apply", "-f", str(f), *dry, "--server", server)
         assert res.returncode == 1, res.stdout
-        assert "caps[1].pod: unknown pod (got 'nosuch')" in res.stderr and str(f) in res.stderr
+        assert "caps[1].pod: no such pod (got 'nosuch')" in res.stderr and str(f) in res.stderr
     f.write_text(MANIFEST.replace("pod: a}", "pod: zz}").replace("egress: 1G", "egress: 2G"))
     res = cli("apply", "-f", str(f), "--dry-run", "--server", server)
-    assert res.returncode == 1 and "dpus[0].pod: unknown pod" in res.stderr
+    assert res.returncode == 1 and "dpus[0].pod: no such pod" in res.stderr
     assert json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]["egress"] == 1e9
     assert cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout == before
 
@@ -195,7 +195,7 @@ def test_routers_are_inventory(tmp_path: Path, server: str) -> None:
     assert ("create", "router", "r2") in changes(cli("apply", "-f", str(f), "--json", "--server", server))
     for new, message in (
         ("{name: r2, pods: [a]}", "routers[1].pods: already behind router 'r1'"),
-        ("{name: r2, pods: [zz]}", "routers[1].pods: unknown pod"),
+        ("{name: r2, pods: [zz]}", "routers[1].pods: no such pod"),
         ("{name: r2, pods: [b], asn: 1}", "routers[1].asn: unknown key"),
     ):
         f.write_text(MANIFEST + ROUTERS.replace("{name: r2, pods: [b]}", new))

@@ -72,8 +72,17 @@ def test_truncation_is_detected_with_an_anchor(tmp_path: Path) -> None:
     con = sqlite3.connect(db)
     con.execute("DELETE FROM audit WHERE seq = 4")
     con.commit()
+    # The tables still hold what the cut record wrote: the stored state gives it away.
+    res = cli("audit", "verify", "--db", str(db), "--json")
+    assert res.returncode == 1 and json.loads(res.stdout)["check"] == "state"
+    assert "caps/a.egress_bps: stored 1e+09, the log says 2e+07 (record 3)" in json.loads(res.stdout)["problem"]
+    # Rolled back to the state the shorter log says, the file is consistent again: only an anchor
+    # (a head recorded earlier) tells that records were cut off.
+    con.execute("UPDATE caps SET egress_bps = 2e7, ingress_bps = 2e7, window_s = 10.0 WHERE pod = 'a'")
+    con.execute("UPDATE meta SET value = '3' WHERE key = 'generation'")
+    con.commit()
     con.close()
-    assert cli("audit", "verify", "--db", str(db)).returncode == 0  # undetectable from the log alone
+    assert cli("audit", "verify", "--db", str(db)).returncode == 0  # undetectable from the file alone
     res = cli("audit", "verify", "--db", str(db), "--anchor", head)
     assert res.returncode == 1 and "cut off" in res.stderr
 

@@ -77,7 +77,7 @@ async def test_the_api_refuses_what_would_leave_less_than_a_frame(tmp_path: Path
             gen = (await c.status()).generation
             small = 300_000 + MAX_FRAME_BYTES - 1
             await _refused(c.set_pod_cap("a", 8e6, 8e6, 2.0, small), "cap.burst_bytes", str(small))
-            await _refused(c.set_pod_cap("a", 1e3, 1e3, 1.0, mode="window"), "cap.window_s", "dpu-a")
+            await _refused(c.set_pod_cap("a", 2e4, 2e4, 1.0, mode="window"), "cap.window_s", "dpu-a")
             assert (await c.status()).generation == gen
             # Two node DPUs share a's cap: each half of the bucket, less its buffer, must hold a frame.
             await register(c, "dpu-n1", "127.0.0.1:2", pod="a", node=True, buffer_bytes=100_000)

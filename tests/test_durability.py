@@ -15,7 +15,7 @@ import pytest
 from conftest import free_port, stop, wait_port
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.store import read_audit
+from dpu_limiter.store import read_audit, verify_file
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,5 +65,9 @@ async def test_kill_9_loses_no_acknowledged_write(tmp_path: Path) -> None:
         caps = [r for r in read_audit(db) if r.action == "set-cap"]
         assert len(caps) in (last, last + 1)
         assert [r.payload["egress_bps"] for r in caps[:last]] == [1e6 + i for i in range(1, last + 1)]
+        # The write cut short by the kill left the tables and the log together (one transaction):
+        # the restarted control plane started on them, and they still verify.
+        verdict = verify_file(db)
+        assert verdict.ok, verdict.problem
     finally:
         stop(proc)

@@ -128,7 +128,7 @@ async def _register_nodes(client: LimiterClient) -> None:
     assert got.node_mac == "02:00:01:00:00:aa"
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.register_dpu(pb_node("n2", "b", "02:00:01:00:00:aa", 2))  # pod a's node, claimed by pod b
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert "node_mac" in (err.value.details() or "") and "n1" in (err.value.details() or "")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.register_dpu(pb_node("n3", "a", "01:00:5e:00:00:01", 3))

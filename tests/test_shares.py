@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc
 import pytest
 
 from conftest import ROOT, register, serve_in_process
@@ -129,3 +130,34 @@ def test_rebalancing_moves_unused_share_and_holds_the_cap(tmp_path: Path) -> Non
     flows = {f.name: f for f in r.flows}
     assert flows["a1-to-b1-alone"].delivered_bps > 1.5 * 10e6  # more than its static half of the pod cap
     assert flows["a2-to-b2-light"].loss_ratio < 0.15  # the light node gets what it asks for, after a ramp
+
+
+async def test_a_rebalancing_cap_must_leave_every_node_a_frame_too(tmp_path: Path) -> None:
+    # A rebalancing pod's nodes get equal shares with small buckets first, then shares by demand, down
+    # to a floor: a cap under which any of those leaves a node's buffer less than a frame is refused,
+    # with rebalance as without (it used to skip the check).
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            for i in range(2):
+                await register(c, f"n{i}", f"127.0.0.1:{i + 1}", node=True, buffer_bytes=100_000)
+            for rebalance in (False, True):  # 800 kbit/s x 1 s: each half of 100,000 bytes, less than the buffer
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await c.set_pod_cap("a", 800e3, 800e3, 1.0, mode="window", rebalance=rebalance)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert (err.value.details() or "").startswith("cap.window_s:"), err.value.details()
+            # The equal halves of 20 Mbit/s x 1 s fit; the floor a node with no demand gets (5 % of the
+            # cap shared by the nodes: 62,500 bytes a window) does not, under a buffer of 100,000 bytes.
+            await c.set_pod_cap("a", 20e6, 20e6, 1.0, mode="window")
+            gen = (await c.status()).generation
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.set_pod_cap("a", 20e6, 20e6, 1.0, mode="window", rebalance=True)
+            assert "least share rebalancing grants" in (err.value.details() or ""), err.value.details()
+            assert (await c.status()).generation == gen  # nothing stored
+            await c.set_pod_cap("a", 80e6, 80e6, 1.0, mode="window", rebalance=True)  # a floor of 250 kB fits
+            # Rate mode: rebalancing's buckets always leave a node its buffer and a frame.
+            await c.set_pod_cap("a", 8e6, 8e6, 10.0, 300_000, rebalance=True)
+    finally:
+        await plane.stop()

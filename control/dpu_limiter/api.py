@@ -6,15 +6,19 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from .convert import cap_from_pb, cap_to_pb, change_to_pb, dpu_from_pb, dpu_to_pb, pod_to_pb, router_to_pb
-from .models import Cap, Change, InvalidArgument, Pod, Router
-from .service import LimiterService, NotFound
+from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, Router, shown
+from .reconciler import AgentStatus
+from .service import LimiterService
+from .store import StateMismatch
 from .tls import role_of
 
 T = TypeVar("T")
@@ -38,7 +42,8 @@ class LimiterApi(pb_grpc.LimiterServicer):
         if role is None:
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"client certificate {name!r} has no role (subject OU verifier or operator)",
+                f"client certificate {shown(name)} has no role "
+                "(its subject needs exactly one OU: verifier or operator)",
             )
         if write and role != "verifier":
             await context.abort(
@@ -56,10 +61,18 @@ class LimiterApi(pb_grpc.LimiterServicer):
         actor = await self._actor(context, write)
         try:
             return await fn(actor)
+        except StateMismatch as exc:  # the state file was edited behind the log: no write is taken
+            why = f"the control plane's stored state failed its {exc.verdict.check} check: {exc.verdict.problem}"
+            await context.abort(grpc.StatusCode.DATA_LOSS, _bounded(why))
         except InvalidArgument as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except NotFound as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            code = (
+                grpc.StatusCode.NOT_FOUND
+                if isinstance(exc, NotFound)
+                else grpc.StatusCode.ALREADY_EXISTS
+                if isinstance(exc, AlreadyExists)
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            await context.abort(code, _bounded(str(exc)))
         raise AssertionError("unreachable")
 
     async def ApplyPod(self, request: pb.ApplyPodRequest, context: grpc.aio.ServicerContext) -> pb.Pod:  # type: ignore[type-arg]  # noqa: N802
@@ -113,13 +126,36 @@ class LimiterApi(pb_grpc.LimiterServicer):
     async def Apply(self, request: pb.ApplyRequest, context: grpc.aio.ServicerContext) -> pb.WriteResponse:  # type: ignore[type-arg]  # noqa: N802
         """Create or update pods, DPUs and caps in one write."""
 
-        async def run(actor: str) -> pb.WriteResponse:
-            pods = [
-                (f"pods[{i}]", Pod.validated(p.name, list(p.ipv4_prefixes), f"pods[{i}]"))
-                for i, p in enumerate(request.pods)
-            ]
-            dpus = [(f"dpus[{i}]", dpu_from_pb(d, f"dpus[{i}]")) for i, d in enumerate(request.dpus)]
-            caps = [(f"caps[{i}].", c.pod, _cap(c, f"caps[{i}].")) for i, c in enumerate(request.caps)]
+        from .models import Dpu  # for the annotation below
+
+        state = self.service.state  # never changed in place: a write replaces it
+
+        def validated() -> tuple[
+            list[tuple[str, Pod]], list[tuple[str, Dpu]], list[tuple[str, str, Cap]], list[tuple[str, Router]]
+        ]:
+            # An object given exactly as stored (its proto form) is the stored one, validated when it was
+            # written: re-applying a fleet's file checks what changed, not all of it again.
+            def pod(i: int, p: pb.Pod) -> Pod:
+                known = state.pods.get(p.name)
+                if known is not None and pod_to_pb(known) == p:
+                    return known
+                return Pod.validated(p.name, list(p.ipv4_prefixes), f"pods[{i}]")
+
+            def dpu(i: int, d: pb.Dpu) -> Dpu:
+                known = state.dpus.get(d.name)
+                if known is not None and dpu_to_pb(known) == d:
+                    return known
+                return dpu_from_pb(d, f"dpus[{i}]")
+
+            def cap(i: int, c: pb.PodCap) -> Cap:
+                known = state.caps.get(c.pod)
+                if known is not None and c.HasField("cap") and cap_to_pb(known) == c.cap:
+                    return known
+                return _cap(c, f"caps[{i}].")
+
+            pods = [(f"pods[{i}]", pod(i, p)) for i, p in enumerate(request.pods)]
+            dpus = [(f"dpus[{i}]", dpu(i, d)) for i, d in enumerate(request.dpus)]
+            caps = [(f"caps[{i}].", c.pod, cap(i, c)) for i, c in enumerate(request.caps)]
             routers = [
                 (f"routers[{i}]", Router.validated(r.name, list(r.pods), f"routers[{i}]"))
                 for i, r in enumerate(request.routers)
@@ -131,8 +167,17 @@ class LimiterApi(pb_grpc.LimiterServicer):
             ):
                 _unique(kind, named, ".name")
             _unique("caps", [c.pod for c in request.caps], ".pod")
+            return pods, dpus, caps, routers
+
+        async def run(actor: str) -> pb.WriteResponse:
+            # A fleet's file is tens of thousands of objects: validating them and writing the answer
+            # run in a worker thread, so that the event loop keeps answering and renewing leases.
+            pods, dpus, caps, routers = await asyncio.to_thread(validated)
             changes = await self.service.apply(pods, dpus, caps, actor, request.dry_run, routers)
-            return self._written(changes)
+            generation = self.service.state.generation  # this write's (read before anything else can write)
+            return await asyncio.to_thread(
+                lambda: pb.WriteResponse(changes=[change_to_pb(c) for c in changes], generation=generation)
+            )
 
         return await self._call(context, run, write=True)
 
@@ -191,7 +236,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"interval_s: must be 0.1..3600 seconds (got {interval!r})"
             )
         if request.pod and request.pod not in self.service.state.pods:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod!r} does not exist")
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(NotFound("pod", request.pod, "no such pod")))
         while True:
             rows = await self.service.usage(request.pod, request.per_dpu)
             yield pb.UsageSample(time=time.time(), usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
@@ -200,9 +245,15 @@ class LimiterApi(pb_grpc.LimiterServicer):
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU's reconciliation status."""
         await self._actor(context, write=False)
-        out = pb.GetStatusResponse(generation=self.service.state.generation)
-        for name, st in sorted(self.service.status().items()):
-            lease = self.service.lease(name)
+        generation, statuses = self.service.state.generation, self.service.status()
+        # A row per DPU of the fleet (20,000 take a few hundred ms): built off the event loop, which
+        # meanwhile keeps renewing leases and answering other calls.
+        return await asyncio.to_thread(self._status_rows, generation, statuses)
+
+    def _status_rows(self, generation: int, statuses: dict[str, AgentStatus]) -> pb.GetStatusResponse:
+        out = pb.GetStatusResponse(generation=generation)
+        for name, st in sorted(statuses.items()):
+            lease = self.service.lease_view(name, st.lease_generation)
             out.dpus.append(
                 pb.DpuStatus(
                     name=name,
@@ -232,6 +283,14 @@ def _cap(request: pb.SetPodCapRequest | pb.PodCap, prefix: str = "") -> Cap:
     return cap_from_pb(request.cap, f"{prefix}cap")
 
 
+MAX_DETAILS = 1024  # an error's text stays this small, whatever lists or values it names
+
+
+def _bounded(text: str) -> str:
+    """An error's text cut to MAX_DETAILS characters (values are already cut; lists of names may be long)."""
+    return text if len(text) <= MAX_DETAILS else f"{text[: MAX_DETAILS - 40]}... ({len(text)} chars in all)"
+
+
 def _unique(kind: str, names: list[str], suffix: str = "") -> None:
     """Refuse a request that names one object twice (which of the two would win?)."""
     first: dict[str, int] = {}
@@ -242,7 +301,42 @@ def _unique(kind: str, names: list[str], suffix: str = "") -> None:
 
 
 def add_to_server(server: grpc.aio.Server, service: LimiterService, mtls: bool = False) -> LimiterApi:
-    """Register the API on a gRPC server."""
+    """Register the API on a gRPC server; requests are parsed here, so that bytes that are not the
+    method's message are refused with INVALID_ARGUMENT (gRPC's own parsing would answer UNKNOWN)."""
     api = LimiterApi(service, mtls)
-    pb_grpc.add_LimiterServicer_to_server(api, server)  # type: ignore[no-untyped-call]
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Limiter"].methods:
+        request_type = message_factory.GetMessageClass(method.input_type)
+        response_type = message_factory.GetMessageClass(method.output_type)
+        impl = getattr(api, method.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        wrap = _parsed_stream if method.server_streaming else _parsed
+        handlers[method.name] = make(
+            wrap(impl, request_type), request_deserializer=None, response_serializer=response_type.SerializeToString
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("limiter.v1.Limiter", handlers),))
     return api
+
+
+async def _parse(raw: bytes, request_type: Any, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
+    """The request message in `raw`, or the call aborted with INVALID_ARGUMENT."""
+    try:
+        return request_type.FromString(raw)
+    except DecodeError as exc:
+        what = request_type.DESCRIPTOR.full_name
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {what} ({shown(str(exc))})")
+
+
+def _parsed(impl: Callable[..., Awaitable[Any]], request_type: Any) -> Callable[..., Awaitable[Any]]:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]
+        return await impl(await _parse(raw, request_type, context), context)
+
+    return handler
+
+
+def _parsed_stream(impl: Callable[..., AsyncIterator[Any]], request_type: Any) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[type-arg]
+        async for item in impl(await _parse(raw, request_type, context), context):
+            yield item
+
+    return handler

@@ -3,7 +3,10 @@
 A record's hash is SHA-256 over the previous record's hash and the record's canonical JSON, so
 editing, reordering or deleting any record breaks every hash after it. Cutting records off the
 end cannot be seen from the log alone: a verifier keeps the head hash it last saw (an anchor)
-and checks that the log still contains it.
+and checks that the log still contains it. The chain has no key: whoever can write the file can
+append records that link and hash correctly, so records after the verifier's anchor are only as
+trustworthy as the file (`audit log` shows who they say made them). The stored tables are bound
+to the log by replaying it (replay.py): a row edited behind the log is a difference.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Verdict:
     records: int
     head: str
     problem: str = ""
+    # Which check failed: "chain" (records edited, reordered, deleted or malformed), "anchor" (records
+    # cut off the end) or "state" (the stored tables are not what the records say); "" when ok.
+    check: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -60,13 +66,16 @@ def verify(records: list[AuditRecord], anchor: str | None = None) -> Verdict:
     seen_anchor = anchor is None or anchor == GENESIS
     for i, r in enumerate(records, start=1):
         if r.seq != i:
-            return Verdict(False, len(records), prev, f"record {i}: sequence number is {r.seq} (a record is missing)")
+            problem = f"record {i}: sequence number is {r.seq} (a record is missing)"
+            return Verdict(False, len(records), prev, problem, "chain")
         if r.prev != prev:
-            return Verdict(False, len(records), prev, f"record {r.seq}: does not link to the record before it")
+            return Verdict(False, len(records), prev, f"record {r.seq}: does not link to the record before it", "chain")
         if seal(r.seq, r.ts, r.actor, r.action, r.object, r.payload, r.prev) != r.hash:
-            return Verdict(False, len(records), prev, f"record {r.seq}: contents do not match its hash (edited)")
+            problem = f"record {r.seq}: contents do not match its hash (edited)"
+            return Verdict(False, len(records), prev, problem, "chain")
         prev = r.hash
         seen_anchor = seen_anchor or r.hash == anchor
     if not seen_anchor:
-        return Verdict(False, len(records), prev, f"anchor {anchor} is not in the log (records were cut off)")
+        problem = f"anchor {anchor} is not in the log (records were cut off)"
+        return Verdict(False, len(records), prev, problem, "anchor")
     return Verdict(True, len(records), prev)

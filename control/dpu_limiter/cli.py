@@ -203,7 +203,10 @@ def _parser() -> argparse.ArgumentParser:
     aud = sub.add_parser("audit", help="the hash-chained log of every change").add_subparsers(
         dest="audit_cmd", required=True, metavar="AUDIT_COMMAND"
     )
-    for name, text in (("verify", "check the chain; exit 1 if it was tampered with"), ("log", "print the records")):
+    for name, text in (
+        ("verify", "check the chain, and the stored state against it; exit 1 if either was tampered with"),
+        ("log", "print the records"),
+    ):
         a = aud.add_parser(name, help=text)
         a.add_argument("--db", type=Path, required=True, help="the control plane's state file (or a copy)")
         a.add_argument("--json", action="store_true", help="JSON output for scripts")
@@ -263,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "serve":
         from .reconciler import Concurrency
         from .server import serve
+        from .store import StateMismatch
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from .tls import TlsFiles
@@ -300,6 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     Concurrency(args.max_installs, args.max_reconciles),
                 )
             )
+        except StateMismatch as exc:  # the file is not what its log says: tampered, not a bad flag
+            print(f"dpu-limiter: {exc}", file=sys.stderr)
+            return 1
+        except sqlite3.DatabaseError as exc:
+            print(f"dpu-limiter: --db {args.db}: {exc}", file=sys.stderr)
+            return 1
         except (ValueError, OSError) as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 2
@@ -421,12 +431,14 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from .audit import verify
-    from .store import read_audit
+    from .store import read_audit, verify_file
 
     try:
-        records = read_audit(args.db)
-    except (FileNotFoundError, sqlite3.DatabaseError) as exc:
+        if args.audit_cmd == "verify":
+            verdict = verify_file(args.db, args.anchor)
+        else:
+            records = read_audit(args.db)
+    except (FileNotFoundError, sqlite3.DatabaseError, ValueError) as exc:
         print(f"dpu-limiter: --db {args.db}: {exc}", file=sys.stderr)
         return 2
     if args.audit_cmd == "log":
@@ -437,11 +449,12 @@ def _audit(args: argparse.Namespace) -> int:
                 when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.ts))
                 print(f"{r.seq:6d} {when} {r.actor:8s} {r.action:12s} {r.object:24s} {json.dumps(r.payload)}")
         return 0
-    verdict = verify(records, args.anchor)
     if args.json:
         print(json.dumps(verdict.as_dict(), indent=2))
     elif verdict.ok:
-        print(f"audit log intact: {verdict.records} records, head {verdict.head}")
+        print(f"audit log intact: {verdict.records} records, head {verdict.head}; stored state matches it")
+    elif verdict.check == "state":
+        print(f"stored state TAMPERED (not what the audit log says): {verdict.problem}", file=sys.stderr)
     else:
         print(f"audit log TAMPERED: {verdict.problem}", file=sys.stderr)
     return 0 if verdict.ok else 1

@@ -11,6 +11,7 @@ import grpc
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from .tls import TlsFiles
+from .units import GRPC_MESSAGE_OPTIONS
 
 
 class LimiterClient:
@@ -19,11 +20,11 @@ class LimiterClient:
     def __init__(self, address: str, tls: TlsFiles | None = None) -> None:
         self.address = address
         if tls is None:
-            self.channel = grpc.aio.insecure_channel(address)
+            self.channel = grpc.aio.insecure_channel(address, options=GRPC_MESSAGE_OPTIONS)
         else:
             ca, cert, key = tls.read()
             creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-            self.channel = grpc.aio.secure_channel(address, creds)
+            self.channel = grpc.aio.secure_channel(address, creds, options=GRPC_MESSAGE_OPTIONS)
         self.stub = pb_grpc.LimiterStub(self.channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> LimiterClient:

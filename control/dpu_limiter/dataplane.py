@@ -332,10 +332,12 @@ class Plan:
 
         A target may apply a batch's updates in any order, so only updates whose order does not
         matter share one: stale exemptions go first (tighten), window budgets are set before the
-        meters open up, meters and lease together (halfway, either order lets through no more than
-        the state before or the state after), then what lets traffic cross (exemptions and
-        crossings; either order only ever meters more), and stale crossings and budgets go last,
-        once the meters have tightened.
+        meters open up, then the meters, then what lets traffic cross (exemptions and crossings;
+        either order only ever meters more), and stale crossings and budgets go last, once the
+        meters have tightened. The lease goes alone, after all of them: a DPU takes a new lease
+        generation only once it holds the rest of the intent that came with it, so a DPU that
+        cannot apply a smaller share keeps no lease granted after it, and falls to its floor within
+        one lifetime (the control plane lets a pod's other DPUs grow then).
         """
         ins, mod, dele = p4r.Update.INSERT, p4r.Update.MODIFY, p4r.Update.DELETE
 
@@ -349,9 +351,10 @@ class Plan:
         steps = [
             tables((dele, self.delete_exemptions)),
             windows,
-            meters + tables((mod, self.lease)),
+            meters,
             tables((ins, self.insert_exemptions), (ins, self.insert_boundary), (mod, self.modify_boundary)),
             tables((dele, self.delete_boundary), (dele, self.delete_windows)),
+            tables((mod, self.lease)),
         ]
         return [step for step in steps if step]
 

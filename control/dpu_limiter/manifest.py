@@ -19,7 +19,7 @@ from typing import Any
 
 from .models import Cap, Dpu, InvalidArgument, Pod, Role, Router
 from .units import UnitError, parse_rate
-from .yamlfile import YamlFileError, read_yaml
+from .yamlfile import SHOWN_CHARS, YamlFileError, read_yaml
 
 
 class ManifestError(ValueError):
@@ -60,10 +60,23 @@ CAP_KEYS = {"pod", "egress", "ingress", "window_s", "burst_bytes", "mode", "reba
 ROUTER_KEYS = {"name", "pods"}
 
 
+def _named(key: object) -> str:
+    """A key as a field path or a list repeats it: cut to SHOWN_CHARS, so a megabyte key gives a short error."""
+    text = str(key)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}...({len(text)} chars)"
+
+
+def _listed(keys: set[Any]) -> str:
+    """Unknown keys as an error lists them: sorted, each cut, at most five."""
+    names = [_named(k) for k in sorted(keys, key=str)]
+    return str(names[:5])[:-1] + (f", ... {len(names) - 5} more]" if len(names) > 5 else "]")
+
+
 def _check_keys(item: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(item) - allowed, key=str)
     if unknown:
-        raise InvalidArgument(f"{where}.{unknown[0]}", item[unknown[0]], f"unknown key (expected {sorted(allowed)})")
+        field_name = f"{where}.{_named(unknown[0])}"
+        raise InvalidArgument(field_name, item[unknown[0]], f"unknown key (expected {sorted(allowed)})")
 
 
 def _no_repeat(names: list[str], kind: str, suffix: str = "") -> None:
@@ -93,7 +106,7 @@ def load_manifest(path: Path) -> Manifest:
     # A lab topology's own keys (its name, routers, routing, scale-up links) say nothing to the control plane.
     unknown = set(doc) - {"pods", "dpus", "caps", "name", "routers", "routing", "scaleup_links"}
     if unknown:
-        raise ManifestError(f"{path}: unknown keys {sorted(unknown)} (expected pods, dpus, caps)")
+        raise ManifestError(f"{path}: unknown keys {_listed(unknown)} (expected pods, dpus, caps)")
     m = Manifest()
     try:
         for i, item in enumerate(_items(doc, "pods", path)):
@@ -176,7 +189,8 @@ def _routers(doc: dict[str, Any], path: Path) -> list[Router]:
             raise InvalidArgument("routing.pods", placed, "must map pods to routers")
         for pod, router in placed.items():
             if not isinstance(router, str) or router not in items:
-                raise InvalidArgument(f"routing.pods.{pod}", router, f"unknown router (routers: {items})")
+                known = _listed(set(items))
+                raise InvalidArgument(f"routing.pods.{_named(pod)}", router, f"unknown router (routers: {known})")
         behind: dict[str, list[str]] = {r: [] for r in items}
         for pod in (str(p.get("name")) for p in _items(doc, "pods", path)):
             # The lab's rule: unplaced pods, the first router. Randomised routing: nobody's, until dealt.

@@ -16,19 +16,57 @@ from typing import Literal
 
 from .units import MAX_PI_BURST, UnitError, bps_to_bytes_per_s, check_burst, default_burst_bytes
 
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+# \Z, not $: "$" also matches before a trailing newline, and "a\n" would pass for a second "a".
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
 MAX_RATE_BPS = 1.6e12  # 1.6 Tbit/s: well above any DPU link, far below int64 bytes/s
 MAX_WINDOW_S = 86_400.0
+# A cap's rate leaves data a rate of its own beside each DPU's ARP allowance (8 kbit/s), and its
+# window is long enough to hold more than one frame at the smallest rate.
+MIN_RATE_BPS = 16_000.0
+MIN_WINDOW_S = 0.1
+# IPv4 space that no pod's nodes can own: "this network", loopback, link-local, multicast and the
+# reserved block with the limited broadcast address. A pod prefix that touches any of them would
+# make the data plane treat such traffic as the pod's (0.0.0.0/0: all of IPv4 intra-pod).
+NOT_POD_SPACE = tuple(
+    (ipaddress.IPv4Network(net), why)
+    for net, why in (
+        ("0.0.0.0/8", "'this network' (0.0.0.0/8)"),
+        ("127.0.0.0/8", "loopback (127.0.0.0/8)"),
+        ("169.254.0.0/16", "link-local (169.254.0.0/16)"),
+        ("224.0.0.0/4", "multicast (224.0.0.0/4)"),
+        ("240.0.0.0/4", "reserved and broadcast (240.0.0.0/4)"),
+    )
+)
+
+
+SHOWN_CHARS = 80  # at most this much of a bad value is repeated back: an error stays small whatever came in
+
+
+def shown(value: object) -> str:
+    """A value as an error message repeats it: its repr, cut to SHOWN_CHARS with its full length said."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f"{len(value)} chars" if isinstance(value, str | bytes) else f"{len(text)} chars as written"
+    return f"{text[:SHOWN_CHARS]}... ({size})"
 
 
 class InvalidArgument(ValueError):
-    """Bad input: names the field and the value."""
+    """Bad input: names the field and the value (INVALID_ARGUMENT)."""
 
     def __init__(self, field_name: str, value: object, reason: str) -> None:
-        super().__init__(f"{field_name}: {reason} (got {value!r})")
+        super().__init__(f"{field_name}: {reason} (got {shown(value)})")
         self.field = field_name
         self.value = value
         self.reason = reason
+
+
+class NotFound(InvalidArgument):
+    """A field refers to an object that does not exist (NOT_FOUND)."""
+
+
+class AlreadyExists(InvalidArgument):
+    """A create names an object that exists already (ALREADY_EXISTS)."""
 
 
 class Role(str, Enum):
@@ -62,19 +100,26 @@ def check_mac(field_name: str, value: str) -> str:
     return text
 
 
+DNS_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_RE = re.compile(rf"{DNS_LABEL}(\.{DNS_LABEL})*\.?")
+PORT_RE = re.compile(r"[0-9]{1,5}")  # ASCII digits only: str.isdigit() also takes '²' and '١٢٣'
+
+
 def check_address(field_name: str, value: str) -> str:
-    """A host:port gRPC address (IPv4, [IPv6] or a DNS name)."""
+    """A host:port gRPC address: IPv4, [IPv6] (no scope id: it names an interface of one host) or a DNS name."""
     host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not PORT_RE.fullmatch(port) or not 0 < int(port) < 65536:
         raise InvalidArgument(field_name, value, "must be host:port with a port in 1..65535")
     if host.startswith("["):
         if not host.endswith("]"):
             raise InvalidArgument(field_name, value, "unterminated IPv6 literal")
+        if "%" in host:
+            raise InvalidArgument(field_name, value, "an IPv6 scope id is not allowed (give a routable address)")
         try:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             raise InvalidArgument(field_name, value, "not a valid IPv6 address") from None
-    elif not re.fullmatch(r"[A-Za-z0-9.-]{1,253}", host):
+    elif len(host) > 253 or not HOST_RE.fullmatch(host):
         raise InvalidArgument(field_name, value, "host is not an IPv4 address or DNS name")
     elif re.fullmatch(r"[0-9.]+", host):
         try:
@@ -99,10 +144,16 @@ class Pod:
             raise InvalidArgument(f"{field_prefix}.ipv4_prefixes", list(prefixes), "a pod needs at least one prefix")
         norm = []
         for i, p in enumerate(prefixes):
+            where = f"{field_prefix}.ipv4_prefixes[{i}]"
+            if not isinstance(p, str) or len(p) > 18 or not re.fullmatch(r"[0-9./]+", p):
+                raise InvalidArgument(where, p, "not an IPv4 prefix like 10.0.1.0/24")
             try:
                 net = ipaddress.IPv4Network(p, strict=True)
-            except (ValueError, TypeError) as exc:
-                raise InvalidArgument(f"{field_prefix}.ipv4_prefixes[{i}]", p, f"not an IPv4 prefix: {exc}") from None
+            except ValueError as exc:
+                raise InvalidArgument(where, p, f"not an IPv4 prefix: {exc}") from None
+            for reserved, why in NOT_POD_SPACE:
+                if net.overlaps(reserved):
+                    raise InvalidArgument(where, p, f"overlaps {why}, which no pod's nodes can own")
             norm.append(str(net))
         return Pod(name=name, ipv4_prefixes=tuple(sorted(set(norm))))
 
@@ -130,7 +181,8 @@ class Dpu:
 
     def as_dict(self) -> dict[str, object]:
         """Every field by name, the role as files name it: a manifest entry, an audit payload."""
-        return {**dataclasses.asdict(self), "role": self.role.value}
+        # Every field is a scalar: no deep copy (dataclasses.asdict), which a fleet's Apply pays per DPU.
+        return {f.name: getattr(self, f.name) for f in DPU_FIELDS} | {"role": self.role.value}
 
     @staticmethod
     def validated(dpu: Dpu, field_prefix: str = "dpu") -> Dpu:
@@ -155,6 +207,9 @@ class Dpu:
         return dataclasses.replace(dpu, node_mac=mac) if mac != dpu.node_mac else dpu
 
 
+DPU_FIELDS = dataclasses.fields(Dpu)
+
+
 @dataclass(frozen=True)
 class Cap:
     """A per-direction cap: rates in bit/s, window in seconds, meter burst in bytes."""
@@ -173,6 +228,10 @@ class Cap:
             rate = getattr(cap, fname)
             if not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
                 raise InvalidArgument(f"{field_prefix}.{fname}", rate, "must be a rate > 0 bit/s")
+            if rate < MIN_RATE_BPS:
+                raise InvalidArgument(
+                    f"{field_prefix}.{fname}", rate, f"must be >= {MIN_RATE_BPS:g} bit/s (ARP's allowance and data)"
+                )
             if rate > MAX_RATE_BPS:
                 raise InvalidArgument(f"{field_prefix}.{fname}", rate, f"must be <= {MAX_RATE_BPS:g} bit/s")
             try:
@@ -180,8 +239,8 @@ class Cap:
             except UnitError as exc:
                 raise InvalidArgument(f"{field_prefix}.{fname}", rate, str(exc)) from None
         w = cap.window_s
-        if not isinstance(w, int | float) or not math.isfinite(w) or w <= 0 or w > MAX_WINDOW_S:
-            raise InvalidArgument(f"{field_prefix}.window_s", w, f"must be > 0 and <= {MAX_WINDOW_S:g} seconds")
+        if not isinstance(w, int | float) or not math.isfinite(w) or not MIN_WINDOW_S <= w <= MAX_WINDOW_S:
+            raise InvalidArgument(f"{field_prefix}.window_s", w, f"must be {MIN_WINDOW_S:g}..{MAX_WINDOW_S:g} seconds")
         burst = cap.burst_bytes or default_burst_bytes(max(cap.egress_bps, cap.ingress_bps))
         try:
             check_burst(burst, f"{field_prefix}.burst_bytes")

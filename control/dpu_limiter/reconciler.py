@@ -17,6 +17,10 @@ Retries back off without a slot.
 from __future__ import annotations
 
 import asyncio
+import collections
+import copy
+import dataclasses
+import functools
 import hashlib
 import logging
 import math
@@ -41,6 +45,7 @@ LOG = logging.getLogger(__name__)
 
 ELECTION_ID = 1 << 40  # above any default controller's bid (finsy 10, p4runtime-shell 1)
 MAX_PASSES = 3  # write-and-read-back rounds in one reconcile before it counts as failed
+PASSES_KEPT = 8  # reconcile passes whose start and end an agent remembers (DpuAgent.passes_done)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,13 @@ class Slots:
         self.reconciles = asyncio.Semaphore(c.reconciles)
 
 
+@functools.cache
+def _schema(program: dp.ProgramFiles) -> fy.P4Schema:
+    """The program's P4Schema, parsed once per process (parsing the P4Info text and hashing the
+    device config takes milliseconds: thousands of agents start at once)."""
+    return fy.P4Schema(program.p4info, program.bmv2_json.read_bytes())
+
+
 # finsy marks Switch final, but it has no hook around the pipeline push it makes on connecting (when
 # the cookie differs); overriding that one step keeps finsy's own connect, arbitration and retry logic.
 class _Switch(fy.Switch):  # type: ignore[misc]
@@ -78,8 +90,13 @@ class _Switch(fy.Switch):  # type: ignore[misc]
         options: fy.SwitchOptions,
         slots: Slots,
         on_failure: Callable[[Exception], None],
+        program: dp.ProgramFiles,
     ) -> None:
-        super().__init__(name, address, options)
+        # finsy would parse the program for every switch: each gets its own copy of one parsed schema
+        # instead (a shallow copy: the P4Runtime version a switch reports is set on its own copy).
+        super().__init__(name, address, dataclasses.replace(options, p4info=None, p4blob=None))
+        self._options = options
+        self._p4schema = copy.copy(_schema(program))
         self.slots = slots
         self.on_failure = on_failure
 
@@ -148,9 +165,13 @@ class DpuAgent:
             if tls is None
             else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
         )
-        self.switch: fy.Switch = _Switch(dpu.name, dpu.p4runtime_address, opts, self.slots, self._failed)
+        self.switch: fy.Switch = _Switch(dpu.name, dpu.p4runtime_address, opts, self.slots, self._failed, program)
         self._task: asyncio.Task[None] | None = None
-        self.down_since = time.monotonic()  # when the agent last had no connection (started, or lost it)
+        self.created = time.monotonic()
+        self.down_since = self.created  # when the agent last had no connection (started, or lost it)
+        # When the running reconcile took its intent (None: none running), and (took, ended) of the last few.
+        self._pass_since: float | None = None
+        self._passes: collections.deque[tuple[float, float]] = collections.deque(maxlen=PASSES_KEPT)
 
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
@@ -192,6 +213,23 @@ class DpuAgent:
         """
         st = self.status
         return st.converged and (st.generation_applied >= generation or self._applied_intent == self.intent_fn()[1])
+
+    def passes_done(self, before: float) -> float | None:
+        """When the last reconcile that took its intent before `before` (monotonic) ended: nothing this
+        agent writes after that comes from an intent older than `before`. None while one still runs.
+
+        Reconciles run one at a time, so that one ended before any later one began; with none since the
+        agent was made, this is when it was made (what an earlier agent or control plane wrote came
+        before that).
+        """
+        if self._pass_since is not None and self._pass_since <= before:
+            return None
+        ended = [end for took, end in self._passes if took <= before]
+        if ended:
+            return ended[-1]
+        if len(self._passes) == self._passes.maxlen:  # the one sought is forgotten: it ended before these
+            return self._passes[0][0]
+        return self.created
 
     async def _wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
         async def _wait() -> None:
@@ -318,6 +356,14 @@ class DpuAgent:
         costs one Write and one Read. Anything the read-back shows changed behind our back is drift,
         corrected in the same pass.
         """
+        self._pass_since = time.monotonic()
+        try:
+            await self._reconcile(sw, resync)
+        finally:
+            self._passes.append((self._pass_since, time.monotonic()))
+            self._pass_since = None
+
+    async def _reconcile(self, sw: fy.Switch, resync: bool) -> None:
         ticket = self._poked
         generation, intent = self.intent_fn()
         if self._codec is None or self._codec.schema is not sw.p4info:

@@ -14,9 +14,9 @@ from .dataplane import ProgramFiles
 from .metrics import MetricsEndpoint
 from .reconciler import Concurrency
 from .service import LimiterService
-from .store import Store
+from .store import StateMismatch, Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
+from .units import DEFAULT_LEASE_S, GRPC_MESSAGE_OPTIONS, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 
@@ -42,6 +42,16 @@ class ControlPlane:
         concurrency: Concurrency | None = None,
     ) -> None:
         self.store = Store(db_path)
+        # The tables are what the audit log says, or nothing is served from them: a row edited behind
+        # the log (a cap raised in the file) would otherwise be enforced.
+        try:
+            verdict = self.store.verify_state()
+        except BaseException:
+            self.store.close()
+            raise
+        if not verdict.ok:
+            self.store.close()
+            raise StateMismatch(db_path, verdict)
         self.service = LimiterService(
             self.store,
             program,
@@ -56,7 +66,7 @@ class ControlPlane:
         )
         # No SO_REUSEPORT (gRPC's default): a second control plane on a taken port must fail, not
         # share the port and answer every other request from its own state.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *GRPC_MESSAGE_OPTIONS])
         api.add_to_server(self.server, self.service, mtls=tls is not None)
         try:
             if tls is None:

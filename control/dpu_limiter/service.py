@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
-import ipaddress
+import functools
+import gc
+import itertools
 import logging
 import secrets
 import time
@@ -14,7 +17,20 @@ from typing import TypeVar
 
 from . import dataplane as dp
 from . import shares
-from .models import Cap, Change, DesiredState, Dpu, InvalidArgument, Kind, Pod, Role, Router, Verb
+from .models import (
+    AlreadyExists,
+    Cap,
+    Change,
+    DesiredState,
+    Dpu,
+    InvalidArgument,
+    Kind,
+    NotFound,
+    Pod,
+    Role,
+    Router,
+    Verb,
+)
 from .reconciler import ELECTION_ID, AgentStatus, Concurrency, DpuAgent, Slots
 from .store import Store
 from .tls import TlsFiles
@@ -23,10 +39,6 @@ from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 Obj = TypeVar("Obj", Pod, Dpu, Cap, Router)
-
-
-class NotFound(LookupError):
-    """A referenced object does not exist."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,13 @@ class DirectionUsage:
 
 
 LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals every lifetime / 3)
+# A large write's follow-up work is done this many objects (agents made or started, pods reshared) at a
+# time, yielding to the event loop in between, so that reads and lease renewals are answered meanwhile.
+BATCH = 256
+START_BATCH = 64  # agents whose connections are opened at once (each costs the loop ~0.15 ms)
+RECHECK_S = 1.0  # how often a wait for a DPU's pass from before a grant to end looks again
+# Agents made or started between two freezes of the heap (see _freeze_heap).
+FREEZE_EVERY = 1024
 
 
 class LimiterService:
@@ -85,7 +104,8 @@ class LimiterService:
         self.lease_gen = secrets.randbits(32)
         # When each recent generation was issued: a DPU can only latch it (start its lifetime) later.
         self._lease_issued: dict[int, float] = {self.lease_gen: time.monotonic()}
-        self._peers_of: tuple[DesiredState | None, dict[str, tuple[str, ...]]] = (None, {})
+        # Worked out once per state: each pod's node MACs (its inventory) and its DPUs' names.
+        self._index: tuple[DesiredState | None, dict[str, tuple[str, ...]], dict[str, list[str]]] = (None, {}, {})
         self.lease_loop = lease_loop
         self._leaser: asyncio.Task[None] | None = None
         self.p4runtime_tls = p4runtime_tls
@@ -93,18 +113,25 @@ class LimiterService:
         self.election_id = election_id
         self.state: DesiredState = store.load()
         self.agents: dict[str, DpuAgent] = {}
+        # Agents made but not started yet: their connections are opened a few at a time, in the background.
+        self._to_start: collections.deque[DpuAgent] = collections.deque()
+        self._starter: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # Each DPU's granted share of its pod's cap (None: nothing granted yet, the floor). A pod's DPUs
         # of one role are one layer of parallel devices (node DPUs; parallel uplinks) that its traffic
         # is spread over, so they split the cap: a layer of one gets all of it.
         self.shares: dict[str, Cap | None] = {}
         self._resharing: dict[str, asyncio.Task[None]] = {}
+        # Pods whose pass is due but not started yet: a fleet's write starts them a batch at a time.
+        self._reshare_due: dict[str, None] = {}
+        self._resharer: asyncio.Task[None] | None = None
         self._share_locks: dict[str, asyncio.Lock] = {}
         # Rebalancing pods: demand-based grants, and each node's last counter sample (time, egress, ingress).
         self._targets: dict[str, dict[str, Cap]] = {}
         self._samples: dict[str, tuple[float, int, int]] = {}
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
+        self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
         self.rebalance_interval_s = rebalance_interval_s
         self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
@@ -112,10 +139,12 @@ class LimiterService:
 
     async def start(self) -> None:
         """Start an agent for every stored DPU (a restart resumes from the store)."""
-        for dpu in self.state.dpus.values():
+        for k, dpu in enumerate(list(self.state.dpus.values()), 1):
             self._start_agent(dpu)
-        for pod in self.state.pods:
-            self._reshare(pod)
+            if k % BATCH == 0:
+                await asyncio.sleep(0)
+        self._reshare_soon(list(self.state.pods))
+        self._start_agents()
         if self.rebalance_loop:
             self._rebalancer = asyncio.create_task(self._rebalance_loop(self.rebalance_interval_s))
         if self.lease_loop:
@@ -123,6 +152,11 @@ class LimiterService:
 
     async def stop(self) -> None:
         """Stop every agent."""
+        for task in (self._starter, self._resharer):
+            if task is not None:
+                task.cancel()
+        self._to_start.clear()
+        self._reshare_due.clear()
         for task in self._resharing.values():
             task.cancel()
         if self._rebalancer is not None:
@@ -131,8 +165,12 @@ class LimiterService:
             self._leaser.cancel()
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
         self.agents.clear()
+        if gc.get_freeze_count():
+            gc.unfreeze()  # what the agents held may be frozen (_freeze_heap): let the collector have it
 
     def _start_agent(self, dpu: Dpu) -> None:
+        """Make `dpu`'s agent now; its connection is opened soon after, in the background (a few at a time)."""
+
         def intent() -> tuple[int, dp.Intent]:
             st = self.state
             cap = self.shares.get(dpu.name)
@@ -150,18 +188,46 @@ class LimiterService:
             self.slots,
         )
         self.agents[dpu.name] = agent
-        agent.start()
+        self._to_start.append(agent)
 
-    def _peers(self, pod: str) -> tuple[str, ...]:
-        """The node MACs of `pod`'s node DPUs: its inventory of who is inside (worked out once per state)."""
+    def _start_agents(self) -> None:
+        """Start the agents made since (once the write that made them is done with the loop)."""
+        if self._to_start and (self._starter is None or self._starter.done()):
+            self._starter = asyncio.create_task(self._starting(), name="start-agents")
+
+    async def _starting(self) -> None:
+        """Start queued agents a few at a time: opening a connection takes the loop a while, and a
+        fleet's write makes thousands at once.
+
+        While thousands start, the heap is frozen every FREEZE_EVERY of them (_freeze_heap).
+        """
+        started = 0
+        while self._to_start:
+            for _ in range(min(START_BATCH, len(self._to_start))):
+                agent = self._to_start.popleft()
+                if self.agents.get(agent.dpu.name) is agent:  # not gone (deleted, or changed) meanwhile
+                    agent.start()
+                    started += 1
+            await asyncio.sleep(0)
+            if started >= FREEZE_EVERY or (started and not self._to_start and len(self.agents) >= FREEZE_EVERY):
+                await asyncio.sleep(0)  # the last batch's first steps have made their objects
+                _freeze_heap()
+                started = 0
+
+    def _indexed(self) -> tuple[dict[str, tuple[str, ...]], dict[str, list[str]]]:
+        """Per pod, the node MACs of its node DPUs and the names of all its DPUs (worked out once per state)."""
         st = self.state
-        if self._peers_of[0] is not st:
-            by_pod: dict[str, list[str]] = {}
+        if self._index[0] is not st:
+            macs: dict[str, list[str]] = {}
             for d in st.dpus.values():
                 if d.role is Role.NODE and d.node_mac:
-                    by_pod.setdefault(d.pod, []).append(d.node_mac)
-            self._peers_of = (st, {p: tuple(sorted(macs)) for p, macs in by_pod.items()})
-        return self._peers_of[1].get(pod, ())
+                    macs.setdefault(d.pod, []).append(d.node_mac)
+            self._index = (st, {p: tuple(sorted(m)) for p, m in macs.items()}, _members(st))
+        return self._index[1], self._index[2]
+
+    def _peers(self, pod: str) -> tuple[str, ...]:
+        """The node MACs of `pod`'s node DPUs: its inventory of who is inside."""
+        return self._indexed()[0].get(pod, ())
 
     # ---------------------------------------------------------------- leases
 
@@ -183,19 +249,37 @@ class LimiterService:
 
     def _reshare(self, pod: str) -> None:
         """Move the pod's DPUs to their shares of its cap, in the background (one pass at a time)."""
+        self._reshare_due.pop(pod, None)
         old = self._resharing.get(pod)
         if old is not None and not old.done():
             old.cancel()
         self._resharing[pod] = asyncio.create_task(self._reshare_pass(pod), name=f"reshare-{pod}")
 
+    def _reshare_soon(self, pods: list[str]) -> None:
+        """`_reshare` each of `pods`, BATCH of them per turn of the event loop: a pass's first step
+        grants and pokes, and a fleet's write reshares thousands of pods."""
+        self._reshare_due.update(dict.fromkeys(pods))
+        if self._reshare_due and (self._resharer is None or self._resharer.done()):
+            self._resharer = asyncio.create_task(self._resharing_due(), name="reshare-due")
+
+    async def _resharing_due(self) -> None:
+        while self._reshare_due:
+            for pod in list(itertools.islice(self._reshare_due, BATCH)):
+                self._reshare(pod)
+            await asyncio.sleep(0)
+
     async def settle(self, pod: str) -> None:
         """Wait until the pod's share change (if any) has been applied."""
+        while pod in self._reshare_due:  # not started yet
+            await asyncio.sleep(0.01)
         task = self._resharing.get(pod)
         if task is not None:
             await asyncio.shield(task)
 
     def resharing(self, pod: str) -> bool:
-        """Whether a share change of `pod` is still being applied."""
+        """Whether a share change of `pod` is still being applied (or due to be)."""
+        if pod in self._reshare_due:
+            return True
         task = self._resharing.get(pod)
         return task is not None and not task.done()
 
@@ -205,13 +289,12 @@ class LimiterService:
             target: dict[str, Cap | None] = {}
             for layer in self._layers(pod):
                 target.update(self._target(pod, layer))
-            # Step 1, shrink: everyone to the lesser of old and new; wait until every DPU holds it.
+            # Step 1, shrink: everyone to the lesser of old and new; wait until no DPU can pass more.
             # (Nothing to shrink, e.g. a cap that only grows: straight to step 2.)
             tickets = self._grant({n: shares.lesser(self.shares.get(n), target[n]) for n in target})
             # Grants an earlier (cancelled) pass made and nobody has confirmed yet are waited for too.
-            tickets = {**{n: t for n, t in self._unconfirmed.items() if n in target}, **tickets}
-            while not await self._confirmed(tickets, step_timeout):
-                LOG.warning("pod %s: shrinking shares is not confirmed by every DPU yet; not growing any", pod)
+            tickets = {**{n: self._unconfirmed[n] for n in target if n in self._unconfirmed}, **tickets}
+            await self._held_back(pod, tickets, step_timeout)
             # Step 2, grow: after any DPU that left without being floored has lost its lease.
             wait = self._grow_after.get(pod, 0.0) - time.monotonic()
             if wait > 0:
@@ -225,22 +308,75 @@ class LimiterService:
         if all(self.shares.get(n) == c for n, c in grants.items()):
             return {}
         self.shares.update(grants)
+        now = time.monotonic()
+        self._granted_at.update(dict.fromkeys(grants, now))
         tickets = {n: self.agents[n].poke() for n in grants if n in self.agents}
         self._unconfirmed.update(tickets)
         return tickets
 
+    def _confirm(self, name: str, ticket: int) -> None:
+        if self._unconfirmed.get(name) == ticket:
+            del self._unconfirmed[name]
+
     async def _confirmed(self, tickets: dict[str, int], timeout: float) -> bool:
         """Whether every ticketed DPU (still here) applied its ticket within `timeout`."""
-        live = {n: t for n, t in tickets.items() if n in self.agents}
-        ok = await asyncio.gather(*(self.agents[n].wait_applied(t, timeout) for n, t in live.items()))
-        for (n, t), done in zip(live.items(), ok, strict=True):
-            if done and self._unconfirmed.get(n) == t:
-                del self._unconfirmed[n]
-        return all(ok)
+        # One DPU at a time against one deadline: the total wait is the slowest one's, with no task per DPU.
+        deadline = time.monotonic() + timeout
+        ok = True
+        for n, t in tickets.items():
+            agent = self.agents.get(n)
+            if agent is None:
+                continue
+            if await agent.wait_applied(t, max(0.0, deadline - time.monotonic())):
+                self._confirm(n, t)
+            else:
+                ok = False
+        return ok
+
+    def lapse_at(self, name: str) -> float | None:
+        """When a DPU that has not confirmed its latest grant holds no lease that came with an earlier one.
+
+        An agent writes a lease only after every other part of its intent (dataplane.Plan.batches): a
+        lease written by a pass that took its intent after the grant came with the granted share. The
+        passes from before the grant may have renewed the DPU's lease under its old share; it lapses in
+        the data plane one lifetime after the last of them ended (the lifetime runs from the first
+        packet that sees a new generation). None while such a pass is still running.
+        """
+        agent = self.agents[name]
+        ended = agent.passes_done(self._granted_at.get(name, agent.created))
+        return None if ended is None else ended + self.lease_s
+
+    async def _held_back(self, pod: str, tickets: dict[str, int], step_timeout: float) -> None:
+        """Wait until no ticketed DPU can pass more than it is granted now: each has confirmed (read back)
+        its grant, or the lease it held under an earlier one has lapsed (a dead DPU, or one cut off, holds
+        growth back for one lease at most, never less). One DPU at a time: no task per DPU."""
+        for name, ticket in tickets.items():
+            waited = 0.0
+            while (agent := self.agents.get(name)) is not None:
+                if agent.applied >= ticket:
+                    self._confirm(name, ticket)
+                    break
+                lapse, now = self.lapse_at(name), time.monotonic()
+                if lapse is not None and now >= lapse:
+                    LOG.warning(
+                        "pod %s: %s has not confirmed its share, but its earlier lease has lapsed: the others may grow",
+                        pod,
+                        name,
+                    )
+                    break
+                if waited >= step_timeout:
+                    LOG.warning("pod %s: %s has not confirmed its smaller share yet; not growing any", pod, name)
+                    waited = 0.0
+                wait = min(step_timeout - waited, RECHECK_S if lapse is None else lapse - now)
+                if await agent.wait_applied(ticket, wait):
+                    self._confirm(name, ticket)
+                    break
+                waited += wait
 
     def _layers(self, pod: str) -> list[list[str]]:
         """The pod's DPUs by role: each list one layer of parallel devices sharing the cap."""
-        return _layers([d for d in self.state.dpus.values() if d.pod == pod])
+        st = self.state
+        return _layers([st.dpus[n] for n in self._indexed()[1].get(pod, ())])
 
     def _buffer(self, nodes: list[str]) -> int:
         """The largest buffer after the meter among `nodes`."""
@@ -351,38 +487,16 @@ class LimiterService:
         Each object comes validated, with the request field that named it (for a cap, the prefix
         of its `pod` and `cap` fields: "" or "caps[3]."). They are checked together against the
         state they would make (so a DPU may name a pod of the same write), and stored in one
-        transaction. A dry run only checks them and says what would change.
+        transaction. A dry run only checks them and says what would change. The checks (O(n log n)
+        in the fleet's size) and the store's transaction run in a worker thread: a fleet's file
+        leaves the event loop free to answer reads and renew leases meanwhile.
         """
         async with self._lock:
-            st = self.state.copy()
-            for where, dpu in dpus:
-                if create_only and dpu.name in st.dpus:
-                    raise InvalidArgument(f"{where}.name", dpu.name, "a DPU with this name is already registered")
-            changes = [_change("pod", pod.name, st.pods.get(pod.name), pod) for _, pod in pods]
-            st.pods.update((pod.name, pod) for _, pod in pods)
-            changes += [_change("dpu", dpu.name, st.dpus.get(dpu.name), dpu) for _, dpu in dpus]
-            st.dpus.update((dpu.name, dpu) for _, dpu in dpus)
-            changes += [_change("cap", pod, st.caps.get(pod), cap) for _, pod, cap in caps]
-            st.caps.update((pod, cap) for _, pod, cap in caps)
-            changes += [_change("router", r.name, st.routers.get(r.name), r) for _, r in routers]
-            st.routers.update((r.name, r) for _, r in routers)
-            _check_routers(st, routers)
-            _check_prefixes(st, pods)
-            _check_dpus(st, dpus)
-            for where, pod, _ in caps:
-                if pod not in st.pods:
-                    raise InvalidArgument(f"{where}pod", pod, "unknown pod")
-            # Every pod whose cap or DPUs change must leave each of its DPUs room for a frame.
-            # The error names the cap when the write sets it, else a DPU the write adds to the pod.
-            cap_fields = {pod: f"{where}cap" for where, pod, _ in caps}
-            for pod in {pod for _, pod, _ in caps} | {dpu.pod for _, dpu in dpus}:
-                members = [d for d in st.dpus.values() if d.pod == pod]
-                written = {dpu.name: where for where, dpu in dpus if dpu.pod == pod}
-                first = next(iter(written.values()), "dpu")
-                blamed = {} if pod in cap_fields else {d.name: written.get(d.name, first) for d in members}
-                _check_fits(st.caps.get(pod), members, cap_fields.get(pod, "cap"), blamed)
+            changes, st = await asyncio.to_thread(
+                _planned_apply, self.state, pods, dpus, caps, routers, create_only, self.rebalance_interval_s
+            )
             if not dry_run:
-                await self._commit(changes, actor)
+                await self._commit(changes, actor, st)
         return changes
 
     async def delete(
@@ -402,52 +516,21 @@ class LimiterService:
         error unless `missing_ok` (then they are left out of the changes).
         """
         async with self._lock:
-            st = self.state.copy()
-            changes: list[Change] = []
-
-            def known(table: dict[str, T], where: str, name: str, what: str) -> T | None:
-                if name not in table and not missing_ok:
-                    raise NotFound(f"{where}: {what} {name!r} does not exist")
-                return table.get(name)
-
-            for where, name in routers:
-                if (router := known(st.routers, where, name, "router")) is not None:
-                    changes.append(Change("delete", "router", name, before=router))
-                    del st.routers[name]
-            for where, name in caps:
-                if (cap := known(st.caps, where, name, "the cap of pod")) is not None:
-                    changes.append(Change("delete", "cap", name, before=cap))
-                    del st.caps[name]
-            for where, name in dpus:
-                if (dpu := known(st.dpus, where, name, "DPU")) is not None:
-                    changes.append(Change("delete", "dpu", name, before=dpu))
-                    del st.dpus[name]
-            for where, name in pods:
-                if (pod := known(st.pods, where, name, "pod")) is None:
-                    continue
-                left = sorted(d.name for d in st.dpus.values() if d.pod == name)
-                if left:
-                    raise InvalidArgument(where, name, f"pod still has DPUs {left}; delete them first (or with it)")
-                behind = sorted(r.name for r in st.routers.values() if name in r.pods)
-                if behind:
-                    raise InvalidArgument(where, name, f"pod is behind routers {behind}; change or delete them first")
-                if name in st.caps:
-                    changes.append(Change("delete", "cap", name, before=st.caps.pop(name)))
-                changes.append(Change("delete", "pod", name, before=pod))
-                del st.pods[name]
-            # Routers and caps first, pods last: the store's references hold at every step.
-            changes.sort(key=lambda c: ("router", "cap", "dpu", "pod").index(c.kind))
+            changes, st = await asyncio.to_thread(_planned_delete, self.state, pods, dpus, caps, routers, missing_ok)
             if not dry_run:
-                await self._commit(changes, actor)
+                await self._commit(changes, actor, st)
         return changes
 
-    async def _commit(self, changes: list[Change], actor: str) -> None:
-        """Store the changes, then set every agent and share they touch moving (under self._lock)."""
+    async def _commit(self, changes: list[Change], actor: str, st: DesiredState) -> None:
+        """Store the changes (which make `st` of the current state), then set every agent and share they
+        touch moving (under self._lock). A fleet's worth of follow-up work yields to the loop every BATCH
+        objects, and agents open their connections in the background."""
         changes = [c for c in changes if c.verb != "unchanged"]
         if not changes:
             return
-        await asyncio.to_thread(self.store.commit, changes, actor)
-        self.state = await asyncio.to_thread(self.store.load)
+        # The store holds what `st` holds once the transaction commits: no need to read it all back.
+        st.generation = await asyncio.to_thread(self.store.commit, changes, actor)
+        self.state = st
         dpus = [c for c in changes if c.kind == "dpu"]
         # A DPU that leaves (deleted, or changed: it gets a new agent) is floored first, so that the
         # shares it held are free before anyone grows into them; one that cannot be floored may pass
@@ -460,35 +543,48 @@ class LimiterService:
                 self._grow_after[a.dpu.pod] = max(self._grow_after.get(a.dpu.pod, 0.0), until)
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
         await asyncio.gather(*(self.agents.pop(a.dpu.name).stop() for a in leaving))
-        pods: set[str] = set()
-        for c in dpus:
+        if leaving and gc.get_freeze_count():
+            gc.unfreeze()  # what the agents held may be frozen (_freeze_heap): let the collector have it
+        pods: dict[str, None] = {}  # ordered: pods reshare in the order the write named them
+        for k, c in enumerate(dpus, 1):
             self.shares.pop(c.name, None)
             self._samples.pop(c.name, None)
             self._unconfirmed.pop(c.name, None)
-            pods.update(d.pod for d in (c.before, c.after) if isinstance(d, Dpu))
+            self._granted_at.pop(c.name, None)
+            pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
             if isinstance(c.after, Dpu):
                 self._start_agent(c.after)
+            if k % BATCH == 0:
+                await asyncio.sleep(0)
+        if len(changes) >= FREEZE_EVERY:
+            _freeze_heap()  # the new state and agents, and what a fleet's request left behind
         # New prefixes, or a node joining, leaving or changing its MAC: every DPU of the pod reconciles.
         regroup = {c.name for c in changes if c.kind == "pod" and c.verb != "delete"} | {
             d.pod for c in dpus for d in (c.before, c.after) if isinstance(d, Dpu) and d.role is Role.NODE
         }
-        for agent in self.agents.values():
-            if agent.dpu.pod in regroup:
-                agent.poke()
+        members = self._indexed()[1]
+        for pod in regroup:
+            for name in members.get(pod, ()):
+                if (agent := self.agents.get(name)) is not None:
+                    agent.poke()
         for c in changes:
             if c.kind in ("pod", "cap"):
-                pods.add(c.name)
+                pods[c.name] = None
             if c.kind == "cap" or (c.kind == "pod" and c.verb == "delete"):
                 # Demand-based grants were made under the old cap; a deleted pod leaves nothing behind.
                 self._targets.pop(c.name, None)
                 self._changes.pop(c.name, None)
+        # Once per pod: a cap reaches DPUs only as their shares of it.
+        self._reshare_soon([pod for pod in pods if pod in self.state.pods])
         for pod in pods:
             if pod in self.state.pods:
-                self._reshare(pod)  # once per pod: a cap reaches DPUs only as their shares of it
-            elif (task := self._resharing.pop(pod, None)) is not None:
+                continue
+            self._reshare_due.pop(pod, None)
+            if (task := self._resharing.pop(pod, None)) is not None:
                 task.cancel()
                 self._share_locks.pop(pod, None)
                 self._grow_after.pop(pod, None)
+        self._start_agents()
 
     async def _floor(self, agents: list[DpuAgent], timeout: float = 5.0) -> list[bool]:
         """Grant each agent's DPU nothing (its floor); whether each confirmed it within `timeout`
@@ -506,29 +602,39 @@ class LimiterService:
     def get_cap(self, pod: str) -> Cap:
         """A pod's cap."""
         if pod not in self.state.pods:
-            raise NotFound(f"pod {pod!r} does not exist")
+            raise NotFound("pod", pod, "no such pod")
         cap = self.state.caps.get(pod)
         if cap is None:
-            raise NotFound(f"pod {pod!r} has no cap (its DPUs pass only intra-pod traffic between nodes)")
+            raise NotFound("pod", pod, "the pod has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
     def status(self) -> dict[str, AgentStatus]:
         """Every agent's last status; a DPU whose pod is mid-reshare is not converged yet."""
         out = {}
         gen = self.state.generation
+        now = time.monotonic()
         for name, a in self.agents.items():
             st = a.status
-            if not st.connected and not st.last_error:
+            error, converged, applied = st.last_error, st.converged, st.generation_applied
+            if not st.connected and not error:
                 # gRPC retries a refused connection or a failed TLS handshake quietly: say so, at least.
-                waited = time.monotonic() - a.down_since
-                st = dataclasses.replace(
-                    st, last_error=f"no connection to {a.dpu.p4runtime_address} for {waited:.0f} s"
-                )
+                error = f"no connection to {a.dpu.p4runtime_address} for {now - a.down_since:.0f} s"
             if self.resharing(a.dpu.pod):
-                st = dataclasses.replace(st, converged=False)
-            elif st.generation_applied < gen and a.holds(gen):
-                st = dataclasses.replace(st, generation_applied=gen)
-            out[name] = st
+                converged = False
+            elif applied < gen and a.holds(gen):
+                applied = gen
+            # A copy made field by field (not dataclasses.replace, ten times slower): GetStatus asks this of
+            # every DPU of the fleet.
+            out[name] = AgentStatus(
+                st.connected,
+                st.primary,
+                converged,
+                error,
+                applied,
+                st.drift_corrections,
+                st.last_drift,
+                st.lease_generation,
+            )
         return out
 
     async def wait_converged(self, timeout: float) -> bool:
@@ -536,7 +642,8 @@ class LimiterService:
         gen = self.state.generation
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            await asyncio.wait_for(asyncio.gather(*(self.settle(p) for p in list(self._resharing))), timeout)
+            pods = dict.fromkeys([*self._reshare_due, *self._resharing])
+            await asyncio.wait_for(asyncio.gather(*(self.settle(p) for p in pods)), timeout)
         except TimeoutError:
             return False
         # One DPU at a time: the total wait is the slowest DPU's, without a waiter per DPU.
@@ -550,7 +657,7 @@ class LimiterService:
         """Usage per pod and direction, summed over the pod's DPUs' counters; with `per_dpu`, each
         DPU's own rows follow its pod's."""
         if pod and pod not in self.state.pods:
-            raise NotFound(f"pod {pod!r} does not exist")
+            raise NotFound("pod", pod, "no such pod")
         pods = [pod] if pod else sorted(self.state.pods)
         out: list[DirectionUsage] = []
         for name in pods:
@@ -579,12 +686,17 @@ class LimiterService:
         control plane issued it: counted from the issue, "held" and "renewing" never outlast the
         DPU's own lease (a lease rewritten after a restart may outlast "lapsed" a little).
         """
-        agent = self.agents[name]
-        current = agent.intent_fn()[1].lease
+        return self.lease_view(name, self.agents[name].status.lease_generation)
+
+    def lease_view(self, name: str, gen: int | None) -> LeaseView:
+        """`name`'s lease given the generation its DPU last confirmed (from a status already taken:
+        GetStatus builds its rows off the event loop, where agents may come and go meanwhile)."""
+        # What the agent's intent holds (dataplane.intent_for: a lease only with a share), without
+        # working out the whole intent: GetStatus asks this of every DPU of the fleet.
+        current = None if self.shares.get(name) is None else (self.lease_gen, round(self.lease_s * 1e6))
         if current is None:
             return LeaseView("none", 0, 0.0, 0.0)
         lifetime = current[1] / 1e6
-        gen = agent.status.lease_generation
         issued = self._lease_issued.get(gen) if gen is not None else None
         if gen is None or issued is None:  # never confirmed, or long ago
             return LeaseView("lapsed", gen or 0, 0.0, lifetime)
@@ -652,66 +764,267 @@ def _change(kind: Kind, name: str, before: Obj | None, after: Obj) -> Change:
     return Change(verb, kind, name, before, after)
 
 
+def _freeze_heap() -> None:
+    """Collect the young generations' garbage, then move everything alive out of the cyclic
+    collector's reach (gc.freeze).
+
+    A fleet's state and agents are millions of long-lived objects (an agent and its connection some
+    150). Growing the heap that much triggers full collections over all of it, each stalling the
+    event loop longer (up to a second at 20,000 DPUs); frozen, they are never scanned again, and a
+    collection only looks at what was made since. Only the young generations are collected first
+    (milliseconds): a cycle that became garbage in the old one since its last collection stays
+    frozen. Agents that go (deleted, or changed) unfreeze the heap (_commit, stop), so that their
+    cycles are collected.
+    """
+    gc.collect(1)
+    gc.freeze()
+
+
+def _planned_apply(
+    base: DesiredState,
+    pods: Sequence[tuple[str, Pod]],
+    dpus: Sequence[tuple[str, Dpu]],
+    caps: Sequence[tuple[str, str, Cap]],
+    routers: Sequence[tuple[str, Router]],
+    create_only: bool,
+    rebalance_interval_s: float,
+) -> tuple[list[Change], DesiredState]:
+    """What a write of these objects would change in `base`, and the state it would make; raises
+    InvalidArgument (NotFound, AlreadyExists) naming the first field at fault.
+
+    Pure (runs in a worker thread, `base` is only read) and O(n log n) in the fleet's size: each check
+    indexes the state once (by pod, endpoint, MAC, prefix) instead of comparing every pair.
+    """
+    st = base.copy()
+    for where, dpu in dpus:
+        if create_only and dpu.name in st.dpus:
+            raise AlreadyExists(f"{where}.name", dpu.name, "a DPU with this name is already registered")
+    changes = [_change("pod", pod.name, st.pods.get(pod.name), pod) for _, pod in pods]
+    st.pods.update((pod.name, pod) for _, pod in pods)
+    changes += [_change("dpu", dpu.name, st.dpus.get(dpu.name), dpu) for _, dpu in dpus]
+    st.dpus.update((dpu.name, dpu) for _, dpu in dpus)
+    changes += [_change("cap", pod, st.caps.get(pod), cap) for _, pod, cap in caps]
+    st.caps.update((pod, cap) for _, pod, cap in caps)
+    changes += [_change("router", r.name, st.routers.get(r.name), r) for _, r in routers]
+    st.routers.update((r.name, r) for _, r in routers)
+    _check_routers(st, routers)
+    _check_prefixes(st, pods)
+    _check_dpus(st, dpus)
+    for where, pod, _ in caps:
+        if pod not in st.pods:
+            raise NotFound(f"{where}pod", pod, "no such pod")
+    # Every pod whose cap or DPUs change must leave each of its DPUs room for a frame.
+    # The error names the cap when the write sets it, else a DPU the write adds to the pod.
+    cap_fields = {pod: f"{where}cap" for where, pod, _ in caps}
+    written: dict[str, dict[str, str]] = {}  # pod -> {DPU written to it: its field}
+    for where, dpu in dpus:
+        written.setdefault(dpu.pod, {})[dpu.name] = where
+    members = _members(st)
+    for pod in dict.fromkeys([pod for _, pod, _ in caps] + [dpu.pod for _, dpu in dpus]):
+        ours = [st.dpus[n] for n in members.get(pod, ())]
+        mine = written.get(pod, {})
+        first = next(iter(mine.values()), "dpu")
+        blamed = {} if pod in cap_fields else {d.name: mine.get(d.name, first) for d in ours}
+        _check_fits(st.caps.get(pod), ours, cap_fields.get(pod, "cap"), blamed, rebalance_interval_s)
+    return changes, st
+
+
+def _planned_delete(
+    base: DesiredState,
+    pods: Sequence[tuple[str, str]],
+    dpus: Sequence[tuple[str, str]],
+    caps: Sequence[tuple[str, str]],
+    routers: Sequence[tuple[str, str]],
+    missing_ok: bool,
+) -> tuple[list[Change], DesiredState]:
+    """What deleting these (by name, with the field that named each) would change in `base`, and the
+    state it would make; pure and O(n log n), like _planned_apply."""
+    st = base.copy()
+    changes: list[Change] = []
+
+    def known(table: dict[str, T], where: str, name: str, what: str) -> T | None:
+        if name not in table and not missing_ok:
+            raise NotFound(where, name, f"no such {what}")
+        return table.get(name)
+
+    for where, name in routers:
+        if (router := known(st.routers, where, name, "router")) is not None:
+            changes.append(Change("delete", "router", name, before=router))
+            del st.routers[name]
+    for where, name in caps:
+        if (cap := known(st.caps, where, name, "cap (of pod)")) is not None:
+            changes.append(Change("delete", "cap", name, before=cap))
+            del st.caps[name]
+    for where, name in dpus:
+        if (dpu := known(st.dpus, where, name, "DPU")) is not None:
+            changes.append(Change("delete", "dpu", name, before=dpu))
+            del st.dpus[name]
+    members = _members(st) if pods else {}
+    behind_of: dict[str, list[str]] = {}
+    for r in st.routers.values() if pods else ():
+        for p in r.pods:
+            behind_of.setdefault(p, []).append(r.name)
+    for where, name in pods:
+        if (pod := known(st.pods, where, name, "pod")) is None:
+            continue
+        left = sorted(members.get(name, ()))
+        if left:
+            raise InvalidArgument(where, name, f"pod still has DPUs {left}; delete them first (or with it)")
+        behind = sorted(behind_of.get(name, ()))
+        if behind:
+            raise InvalidArgument(where, name, f"pod is behind routers {behind}; change or delete them first")
+        if name in st.caps:
+            changes.append(Change("delete", "cap", name, before=st.caps.pop(name)))
+        changes.append(Change("delete", "pod", name, before=pod))
+        del st.pods[name]
+    # Routers and caps first, pods last: the store's references hold at every step.
+    changes.sort(key=lambda c: ("router", "cap", "dpu", "pod").index(c.kind))
+    return changes, st
+
+
+def _members(st: DesiredState) -> dict[str, list[str]]:
+    """Each pod's DPUs' names, in the state's order."""
+    out: dict[str, list[str]] = {}
+    for d in st.dpus.values():
+        out.setdefault(d.pod, []).append(d.name)
+    return out
+
+
+def _span(prefix: str) -> tuple[int, int]:
+    """The first and last address of a normalised IPv4 prefix ("10.0.1.0/24"), as integers."""
+    addr, _, length = prefix.partition("/")
+    a, b, c, d = addr.split(".")
+    first = int(a) << 24 | int(b) << 16 | int(c) << 8 | int(d)
+    return first, first | ((1 << (32 - int(length))) - 1)
+
+
 def _check_prefixes(st: DesiredState, pods: Sequence[tuple[str, Pod]]) -> None:
-    """No prefix of a written pod may overlap another pod's."""
+    """No prefix of a written pod may overlap another pod's.
+
+    Two prefixes overlap only when one holds the other, so one sweep over every pod's prefixes in
+    address order (each prefix before those it holds) finds them all: the prefixes holding the
+    current one are the stack of those still open, and the nearest of another pod is a clash of
+    both pods. Every pod with a clash gets one (if P's x holds Q's y, the first prefix of another
+    pod than P's below x on the stack met one of P's), so O(n log n) in prefixes, whatever nests.
+    """
+    if not pods:
+        return
+    spans = sorted(
+        (first, -last, pod.name, p) for pod in st.pods.values() for p in pod.ipv4_prefixes for first, last in [_span(p)]
+    )
+    clash: dict[str, tuple[str, str, str]] = {}  # pod -> (its prefix, the other pod's, the other pod)
+    stack: list[tuple[int, str, str]] = []  # (last address, pod, prefix) of the prefixes holding this one
+    for first, neg_last, name, p in spans:
+        while stack and stack[-1][0] < first:
+            stack.pop()
+        for _, other, q in reversed(stack):  # at most 33 of one pod's own prefixes before another pod's
+            if other != name:
+                clash.setdefault(name, (p, q, other))
+                clash.setdefault(other, (q, p, name))
+                break
+        stack.append((-neg_last, name, p))
     for where, pod in pods:
-        for other in st.pods.values():
-            if other.name == pod.name:
-                continue
+        if pod.name in clash:
             # Named by value, not index: the pod's prefixes are kept sorted, not in the request's order.
-            for p in pod.ipv4_prefixes:
-                net = ipaddress.IPv4Network(p)
-                for q in other.ipv4_prefixes:
-                    if net.overlaps(ipaddress.IPv4Network(q)):
-                        raise InvalidArgument(f"{where}.ipv4_prefixes", p, f"overlaps {q} of pod {other.name!r}")
+            p, q, other = clash[pod.name]
+            raise InvalidArgument(f"{where}.ipv4_prefixes", p, f"overlaps {q} of pod {other!r}")
 
 
 def _check_routers(st: DesiredState, routers: Sequence[tuple[str, Router]]) -> None:
     """Every written router lists known pods, none of which is behind another router."""
+    if not routers:
+        return
     order = {r.name: k for k, (_, r) in enumerate(routers)}
+    owners: dict[str, list[str]] = {}  # pod -> the routers listing it, in the state's order
+    for r in st.routers.values():
+        for pod in r.pods:
+            owners.setdefault(pod, []).append(r.name)
     for k, (where, r) in enumerate(routers):
         for pod in r.pods:  # named by value: a router's pods are kept sorted
             if pod not in st.pods:
-                raise InvalidArgument(f"{where}.pods", pod, "unknown pod")
-            for other in st.routers.values():
+                raise NotFound(f"{where}.pods", pod, "no such pod")
+            for other in owners.get(pod, ()):
                 # Two of this write listing one pod: the later one is at fault.
-                if other.name != r.name and pod in other.pods and order.get(other.name, -1) < k:
-                    raise InvalidArgument(f"{where}.pods", pod, f"already behind router {other.name!r}")
+                if other != r.name and order.get(other, -1) < k:
+                    raise InvalidArgument(f"{where}.pods", pod, f"already behind router {other!r}")
 
 
 def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
     """Every written DPU names a pod and has an endpoint (address and device id) of its own."""
+    if not dpus:
+        return
+    endpoints: dict[tuple[str, int], list[str]] = {}
+    macs: dict[str, list[str]] = {}
+    for d in st.dpus.values():
+        endpoints.setdefault((d.p4runtime_address, d.device_id), []).append(d.name)
+        if d.node_mac:
+            macs.setdefault(d.node_mac, []).append(d.name)
     for where, dpu in dpus:
         if dpu.pod not in st.pods:
-            raise InvalidArgument(f"{where}.pod", dpu.pod, "unknown pod; apply the pod first")
-        for other in st.dpus.values():
-            if other.name != dpu.name and (other.p4runtime_address, other.device_id) == (
-                dpu.p4runtime_address,
-                dpu.device_id,
-            ):
-                raise InvalidArgument(
+            raise NotFound(f"{where}.pod", dpu.pod, "no such pod; apply the pod first")
+        for other in endpoints[(dpu.p4runtime_address, dpu.device_id)]:
+            if other != dpu.name:
+                raise AlreadyExists(
                     f"{where}.p4runtime_address",
                     dpu.p4runtime_address,
-                    f"already registered as DPU {other.name!r} with device id {dpu.device_id}",
+                    f"already registered as DPU {other!r} with device id {dpu.device_id}",
                 )
-            # One node, one MAC: a MAC named twice would make one pod's exemption reach another's node.
-            if dpu.node_mac and other.name != dpu.name and other.node_mac == dpu.node_mac:
-                raise InvalidArgument(f"{where}.node_mac", dpu.node_mac, f"already the node MAC of DPU {other.name!r}")
+        # One node, one MAC: a MAC named twice would make one pod's exemption reach another's node.
+        for other in macs.get(dpu.node_mac, ()) if dpu.node_mac else ():
+            if other != dpu.name:
+                raise AlreadyExists(f"{where}.node_mac", dpu.node_mac, f"already the node MAC of DPU {other!r}")
 
 
-def _check_fits(cap: Cap | None, dpus: list[Dpu], cap_field: str, dpu_fields: dict[str, str]) -> None:
+def _check_fits(
+    cap: Cap | None, dpus: list[Dpu], cap_field: str, dpu_fields: dict[str, str], rebalance_interval_s: float
+) -> None:
     """Refuse a cap (or DPU set) under which some DPU's buffer would leave it less than one frame.
 
-    The error names the DPU's buffer when that DPU is being written (in `dpu_fields`), else the cap.
+    Each layer is checked under the grants its DPUs can get: equal shares, and with `rebalance` both
+    the first grants (equal shares with rebalancing's smaller buckets, shares.node_burst) and the
+    least a node can be granted by demand (its floor, when the others take the rest). The error
+    names the DPU's buffer when that DPU is being written (in `dpu_fields`), else the cap.
     """
-    if cap is None or cap.rebalance:  # rebalancing buckets leave room for buffers by construction
+    if cap is None:
         return
+    if not dpus:  # a cap no DPU could hold is refused before any DPU joins (and then blames the DPU)
+        dpus = [Dpu("without-a-buffer", "", 0, "")]
     by_name = {d.name: d for d in dpus}
     for layer in _layers(dpus):
-        split = shares.split(cap, layer)
-        what = "the pod's cap" if len(layer) == 1 else f"an equal share of the pod's cap ({len(layer)} DPUs)"
-        for n in layer:
-            dp.check_fits(by_name[n], split[n], what, dpu_fields.get(n), cap_field)
+        # The DPU with the largest buffer has the least left: when it fits, so do the others.
+        buffer_bytes = max(by_name[n].buffer_bytes for n in layer)
+        if _layer_fits(cap, len(layer), buffer_bytes, rebalance_interval_s):
+            continue
+        for grant, what in _grants(cap, len(layer), buffer_bytes, rebalance_interval_s):
+            for n in layer:  # the first at fault in name order, as the error names it
+                dp.check_fits(by_name[n], grant, what, dpu_fields.get(n), cap_field)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layer_fits(cap: Cap, n: int, buffer_bytes: int, rebalance_interval_s: float) -> bool:
+    """Whether a DPU with `buffer_bytes` in a layer of `n` has a frame left under every grant `cap` can
+    give it (a fleet's pods mostly share a few caps and layer sizes: each is worked out once)."""
+    probe = Dpu("probe", "", 0, "", buffer_bytes=buffer_bytes)
+    try:
+        for grant, what in _grants(cap, n, buffer_bytes, rebalance_interval_s):
+            dp.check_fits(probe, grant, what)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def _grants(cap: Cap, n: int, buffer_bytes: int, rebalance_interval_s: float) -> list[tuple[Cap, str]]:
+    """The grants a DPU of a layer of `n` can hold under `cap` (each with how an error names it)."""
+    equal = next(iter(shares.split(cap, [f"n{i}" for i in range(n)]).values()))
+    what = "the pod's cap" if n == 1 else f"an equal share of the pod's cap ({n} DPUs)"
+    if not cap.rebalance:
+        return [(equal, what)]
+    burst, _ = shares.node_burst(cap, n, rebalance_interval_s, buffer_bytes)
+    least = shares.least_share(cap, n, burst)
+    return [
+        (dataclasses.replace(equal, burst_bytes=burst), f"{what} with rebalancing's bucket of {burst} bytes"),
+        (least, f"the least share rebalancing grants a node ({n} DPUs)"),
+    ]
 
 
 def _layers(dpus: list[Dpu]) -> list[list[str]]:

@@ -110,3 +110,15 @@ def rebalanced(cap: Cap, egress: dict[str, float], ingress: dict[str, float], bu
     nodes = sorted(egress)
     e, i = allocate(cap.egress_bps, egress), allocate(cap.ingress_bps, ingress)
     return {n: Cap(int(e[n] / 8) * 8.0, int(i[n] / 8) * 8.0, cap.window_s, burst, mode=cap.mode) for n in nodes}
+
+
+def least_share(cap: Cap, nodes: int, burst: int) -> Cap:
+    """The least grant `rebalanced` makes one of `nodes` nodes (bucket `burst`): what a node with no
+    demand of its own gets while the others ask for all of the cap (its floor, in each direction).
+    The control plane refuses a rebalancing cap under which that leaves a DPU less than one frame."""
+    names = [f"n{i}" for i in range(nodes)]
+
+    def demands(rate_bps: float) -> dict[str, float]:
+        return {n: 0.0 if k == 0 else rate_bps for k, n in enumerate(names)}
+
+    return rebalanced(cap, demands(cap.egress_bps), demands(cap.ingress_bps), burst)[names[0]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import audit
+from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
 
 SCHEMA = """
@@ -30,6 +31,25 @@ CREATE TABLE IF NOT EXISTS caps (
 """
 
 
+class StateMismatch(ValueError):
+    """A state file whose audit log is broken, or whose tables are not what the log says: the
+    control plane does not start on it. The message is one line naming the file and the first
+    difference."""
+
+    def __init__(self, path: Path | str, verdict: audit.Verdict, doing: str = "not starting") -> None:
+        what = (
+            "the stored state is not what its audit log says"
+            if verdict.check == "state"
+            else "its audit log is not intact"
+        )
+        super().__init__(
+            f"{path}: {what}: {verdict.problem}; {doing} (restore the file from a backup; "
+            f"`dpu-limiter audit verify --db {path}` shows the same)"
+        )
+        self.path = str(path)
+        self.verdict = verdict
+
+
 class Store:
     """The desired state on disk; every method is one transaction."""
 
@@ -44,6 +64,9 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         self._migrate()
+        # PRAGMA data_version when the tables last matched the log (None: not checked, as for a file
+        # opened only to be read or repaired). It changes when another connection commits.
+        self._bound: int | None = None
 
     def _migrate(self) -> None:
         # State files from before a column existed get it with its default.
@@ -67,12 +90,18 @@ class Store:
         todo = [c for c in changes if c.verb != "unchanged"]
         with self._lock:
             cur = self._db.cursor()
+            if not todo:  # nothing to record: a new generation without a record would not replay
+                row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+                return int(row[0]) if row else 0
             cur.execute("BEGIN IMMEDIATE")
             try:
+                self._still_bound()
                 gen = self._bump(cur)
+                row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+                head = (row[0], row[1]) if row else (0, audit.GENESIS)
                 for c in todo:
                     action, obj, payload = _apply_change(cur, c)
-                    self._append_audit(cur, actor, action, obj, {**payload, "generation": gen})
+                    head = self._append_audit(cur, head, actor, action, obj, {**payload, "generation": gen})
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -87,20 +116,50 @@ class Store:
         return gen
 
     @staticmethod
-    def _append_audit(cur: sqlite3.Cursor, actor: str, action: str, obj: str, payload: dict[str, Any]) -> None:
-        row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-        seq, prev = (row[0] + 1, row[1]) if row else (1, audit.GENESIS)
+    def _append_audit(
+        cur: sqlite3.Cursor, head: tuple[int, str], actor: str, action: str, obj: str, payload: dict[str, Any]
+    ) -> tuple[int, str]:
+        """Append one record after `head` (the last record's sequence number and hash); returns the new head."""
+        seq, prev = head[0] + 1, head[1]
         ts = time.time()
         digest = audit.seal(seq, ts, actor, action, obj, payload, prev)
         cur.execute(
             "INSERT INTO audit(seq, ts, actor, action, object, payload, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (seq, ts, actor, action, obj, json.dumps(payload, sort_keys=True), prev, digest),
         )
+        return seq, digest
 
     def audit_records(self) -> list[audit.AuditRecord]:
         """Every audit record, oldest first."""
         with self._lock:
             return _audit_rows(self._db)
+
+    def verify_state(self, anchor: str | None = None) -> audit.Verdict:
+        """Check the audit chain and that the tables are what it says (what the control plane
+        checks before it starts). Once they match, every later write and load first checks again
+        if another connection wrote the file meanwhile, and refuses if they no longer match."""
+        with self._lock:
+            version = self._data_version()  # read first: a write in between only makes us check again
+            verdict = verify_db(self._db, anchor)
+            if verdict.ok:
+                self._bound = version
+            return verdict
+
+    def _data_version(self) -> int:
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    def _still_bound(self) -> None:
+        """In a transaction: the tables still match the log, or StateMismatch. A row edited in the
+        file while the control plane runs is neither written over nor read into what it enforces."""
+        if self._bound is None:
+            return
+        version = self._data_version()
+        if version == self._bound:  # nobody else committed (our own commits leave it unchanged)
+            return
+        verdict = _verify_in(self._db, None)  # another writer, or only a checkpoint: check, once
+        if not verdict.ok:
+            raise StateMismatch(self.path, verdict, "refusing to use it")
+        self._bound = version
 
     def put_pod(self, pod: Pod, actor: str = "local") -> int:
         """Insert or replace a pod; returns the new generation."""
@@ -118,25 +177,35 @@ class Store:
         """Read the whole desired state."""
         with self._lock:
             cur = self._db.cursor()
-            state = DesiredState()
-            for name, prefixes in cur.execute("SELECT name, ipv4_prefixes FROM pods"):
-                state.pods[name] = Pod(name, tuple(json.loads(prefixes)))
-            for row in cur.execute(
-                "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes, node_mac "
-                "FROM dpus"
-            ):
-                state.dpus[row[0]] = Dpu(
-                    row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]), int(row[7]), row[8]
-                )
-            for pod, e, i, w, b, r, m in cur.execute(
-                "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode FROM caps"
-            ):
-                state.caps[pod] = Cap(e, i, w, int(b), bool(r), m)
-            for name, pods in cur.execute("SELECT name, pods FROM routers"):
-                state.routers[name] = Router(name, tuple(json.loads(pods)))
-            row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
-            state.generation = int(row[0]) if row else 0
-            return state
+            cur.execute("BEGIN")
+            try:
+                self._still_bound()
+                return self._read(cur)
+            finally:
+                cur.execute("COMMIT")
+
+    @staticmethod
+    def _read(cur: sqlite3.Cursor) -> DesiredState:
+        """The whole desired state, read in the caller's transaction."""
+        state = DesiredState()
+        for name, prefixes in cur.execute("SELECT name, ipv4_prefixes FROM pods"):
+            state.pods[name] = Pod(name, tuple(json.loads(prefixes)))
+        for row in cur.execute(
+            "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes, node_mac "
+            "FROM dpus"
+        ):
+            state.dpus[row[0]] = Dpu(
+                row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]), int(row[7]), row[8]
+            )
+        for pod, e, i, w, b, r, m in cur.execute(
+            "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode FROM caps"
+        ):
+            state.caps[pod] = Cap(e, i, w, int(b), bool(r), m)
+        for name, pods in cur.execute("SELECT name, pods FROM routers"):
+            state.routers[name] = Router(name, tuple(json.loads(pods)))
+        row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+        state.generation = int(row[0]) if row else 0
+        return state
 
 
 def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, Any]]:
@@ -210,6 +279,53 @@ def read_audit(path: Path | str) -> list[audit.AuditRecord]:
         db.close()
 
 
+def verify_file(path: Path | str, anchor: str | None = None) -> audit.Verdict:
+    """`audit verify`: the chain of a state file, its anchor if given, and its tables against the
+    chain, opened read-only (a verifier's copy stays untouched, so an old file is read unmigrated)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such state file")
+    db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, isolation_level=None)
+    try:
+        return verify_db(db, anchor)
+    finally:
+        db.close()
+
+
+def verify_db(db: sqlite3.Connection, anchor: str | None = None) -> audit.Verdict:
+    """The chain, the anchor, then the stored state replayed from the chain: the first that fails,
+    read in one snapshot (a write in between cannot make them disagree)."""
+    db.execute("BEGIN")
+    try:
+        return _verify_in(db, anchor)
+    finally:
+        db.execute("COMMIT")
+
+
+def _verify_in(db: sqlite3.Connection, anchor: str | None) -> audit.Verdict:
+    try:
+        records = _audit_rows(db)
+    except ValueError as exc:  # a payload that is not JSON: no store writes one
+        return audit.Verdict(False, 0, audit.GENESIS, str(exc), "chain")
+    verdict = audit.verify(records, anchor)
+    if not verdict.ok:
+        return verdict
+    try:
+        found = replay.differences(db, records)
+    except replay.LogError as exc:
+        return dataclasses.replace(verdict, ok=False, problem=str(exc), check="chain")
+    if not found:
+        return verdict
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return dataclasses.replace(verdict, ok=False, problem=found[0] + more, check="state")
+
+
 def _audit_rows(db: sqlite3.Connection) -> list[audit.AuditRecord]:
     rows = db.execute("SELECT seq, ts, actor, action, object, payload, prev, hash FROM audit ORDER BY seq").fetchall()
-    return [audit.AuditRecord(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7]) for r in rows]
+    out = []
+    for r in rows:
+        try:
+            payload = json.loads(r[5])
+        except (TypeError, ValueError):
+            raise ValueError(f"record {r[0]}: the payload is not JSON") from None
+        out.append(audit.AuditRecord(r[0], r[1], r[2], r[3], r[4], payload, r[6], r[7]))
+    return out

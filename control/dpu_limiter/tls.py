@@ -128,8 +128,10 @@ def init(directory: Path, hosts: list[str]) -> dict[str, TlsFiles]:
 
 
 def role_of(pem: bytes) -> str | None:
-    """The role (subject OU) of a client certificate."""
+    """The role of a client certificate: its subject's one OU, when that is a role; None for none,
+    an unknown one, or more than one OU (OU=[verifier, operator] is ambiguous: refused, not read
+    as its first)."""
     cert = x509.load_pem_x509_certificate(pem)
     ous = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
-    value = ous[0].value if ous else None
+    value = ous[0].value if len(ous) == 1 else None
     return value if isinstance(value, str) and value in ROLES else None

@@ -34,6 +34,13 @@ DEFAULT_LEASE_S = 30.0
 PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)
 RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
 MAX_INSTALLS = 16  # pipelines pushed at once (each sends the whole device config, which the DPU loads)
+# Largest API message either way: a fleet's Apply (10,000 pods, 20,000 DPUs) and its answer are
+# about 6 MB, over gRPC's default receive limit of 4 MB.
+MAX_MESSAGE_BYTES = 64 * 2**20
+GRPC_MESSAGE_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
 MAX_RECONCILES = 256  # DPUs reconciled at once (a batched Write and a Read each)
 
 

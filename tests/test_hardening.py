@@ -5,6 +5,8 @@ stored changes."""
 from __future__ import annotations
 
 import datetime as dt
+import re
+import sqlite3
 from pathlib import Path
 
 import grpc
@@ -17,7 +19,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from conftest import plane_with_pod
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.manifest import ManifestError, load_manifest
+from dpu_limiter.models import MAX_POD_PREFIXES
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.store import StateInUse
 from dpu_limiter.tls import TlsFiles, init
 
 pytestmark = pytest.mark.timeout(120)
@@ -201,3 +206,64 @@ async def test_a_certificate_with_two_roles_has_none(tmp_path: Path) -> None:
         assert not plane.service.state.pods
     finally:
         await plane.stop()
+
+
+async def test_one_endpoint_has_one_spelling(tmp_path: Path) -> None:
+    """Review: 127.0.0.1:09559, [::ffff:127.0.0.1]:9559 or 0.0.0.0:9559 registered a second DPU on one device."""
+    async with plane_with_pod(tmp_path) as (_, c):
+        await c.apply_pod("b", ["10.0.2.0/24"])
+        assert (await c.register_dpu(_dpu(address="127.0.0.1:9559"))).p4runtime_address == "127.0.0.1:9559"
+        await _refused(
+            c, c.register_dpu(_dpu("e", "127.0.0.1:09559", "b")), Code.ALREADY_EXISTS, "dpu.p4runtime_address"
+        )
+        for address in ("[::ffff:127.0.0.1]:9559", "0.0.0.0:9559", "[::]:9559", "255.255.255.255:1", "0x7f.0.0.1:1"):
+            await _refused(c, c.register_dpu(_dpu("e", address, "b")), Code.INVALID_ARGUMENT, "dpu.p4runtime_address")
+        assert (await c.register_dpu(_dpu("e", "LocalHost.:9559", "b"))).p4runtime_address == "localhost:9559"
+        await _refused(
+            c, c.register_dpu(_dpu("f", "localhost:9559", "b")), Code.ALREADY_EXISTS, "dpu.p4runtime_address"
+        )
+
+
+async def test_a_second_control_plane_on_one_state_file_is_refused(tmp_path: Path) -> None:
+    """Review: a second server on the same file wrote from its own stale copy (two pods got one prefix)."""
+    async with plane_with_pod(tmp_path) as (plane, _):
+        with pytest.raises(StateInUse, match="in use by another control plane"):
+            ControlPlane(plane.store.path, "127.0.0.1:0")
+    ControlPlane(plane.store.path, "127.0.0.1:0").store.close()  # the first one stopped: free again
+
+
+async def test_a_locked_state_file_is_unavailable_not_unknown(tmp_path: Path) -> None:
+    """Review: an operator's sqlite shell holding a write transaction made writes answer UNKNOWN."""
+    async with plane_with_pod(tmp_path) as (plane, c):
+        other = sqlite3.connect(plane.store.path, timeout=0)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            await _refused(c, c.apply_pod("b", ["10.0.2.0/24"]), Code.UNAVAILABLE, "the control plane's state store")
+        finally:
+            other.rollback()
+            other.close()
+        await c.apply_pod("b", ["10.0.2.0/24"])
+
+
+def test_a_file_may_not_turn_numbers_into_names_or_foreign_digits_into_rates(tmp_path: Path) -> None:
+    """Review: unquoted `name: 0x10` stored pod "16"; Arabic-Indic digits "12G" stored 12 Gbit/s."""
+    cases = {
+        "pods: [{name: 0x10, ipv4_prefixes: [10.0.1.0/24]}]": "pods[0].name: must be a string",
+        'pods: [{name: a, ipv4_prefixes: [10.0.1.0/24]}]\ncaps: [{pod: a, egress: "\\u0661\\u0662G", '
+        "ingress: 1G, window_s: 2}]": "caps[0].egress",
+        "pods: [{name: a, ipv4_prefixes: [10.0.1.0/24]}]\ndpus: [{name: 1.10, p4runtime_address: '127.0.0.1:1', "
+        "device_id: 1, pod: a}]": "dpus[0].name: must be a string",
+    }
+    for i, (text, expect) in enumerate(cases.items()):
+        path = tmp_path / f"m{i}.yaml"
+        path.write_text(text)
+        with pytest.raises(ManifestError, match=re.escape(expect)):
+            load_manifest(path)
+
+
+async def test_more_prefixes_than_the_data_plane_holds_are_refused(tmp_path: Path) -> None:
+    """Review: a pod of 2,000 prefixes was accepted; limiter.p4's prefix tables hold 1,024."""
+    async with plane_with_pod(tmp_path) as (_, c):
+        many = [f"10.{8 + i // 256}.{i % 256}.0/24" for i in range(MAX_POD_PREFIXES + 1)]
+        await _refused(c, c.apply_pod("b", many), Code.INVALID_ARGUMENT, "pod.ipv4_prefixes")
+        await c.apply_pod("b", many[:MAX_POD_PREFIXES])

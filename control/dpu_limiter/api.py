@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -22,6 +24,7 @@ from .store import StateMismatch
 from .tls import role_of
 
 T = TypeVar("T")
+LOG = logging.getLogger(__name__)
 
 
 class LimiterApi(pb_grpc.LimiterServicer):
@@ -48,9 +51,10 @@ class LimiterApi(pb_grpc.LimiterServicer):
         if write and role != "verifier":
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"role {role} ({name}) may only read; changes need a verifier certificate",
+                f"role {role} ({shown(name)}) may only read; changes need a verifier certificate",
             )
-        return f"{role}:{name}"
+        # The audit log's actor: a name with line breaks or other controls is written escaped.
+        return f"{role}:{name if name.isprintable() else shown(name)}"
 
     async def _call(
         self,
@@ -61,6 +65,9 @@ class LimiterApi(pb_grpc.LimiterServicer):
         actor = await self._actor(context, write)
         try:
             return await fn(actor)
+        except sqlite3.OperationalError as exc:  # the state file is locked or unwritable: nothing stored
+            LOG.warning("state store: %s", exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the control plane's state store: {shown(str(exc))}")
         except StateMismatch as exc:  # the state file was edited behind the log: no write is taken
             why = f"the control plane's stored state failed its {exc.verdict.check} check: {exc.verdict.problem}"
             await context.abort(grpc.StatusCode.DATA_LOSS, _bounded(why))

@@ -113,11 +113,11 @@ def load_manifest(path: Path) -> Manifest:
             where = f"pods[{i}]"
             if "subnet" not in item:  # a lab topology's pod has the lab's keys too, which the lab checks
                 _check_keys(item, POD_KEYS, where)
-            name = _get(item, "name", where)
+            name = _text(item, "name", where)
             prefixes = [item["subnet"]] if "subnet" in item else _get(item, "ipv4_prefixes", where)
             if not isinstance(prefixes, list):
                 raise InvalidArgument(f"{where}.ipv4_prefixes", prefixes, "must be a list")
-            m.pods.append(Pod.validated(str(name), [str(p) for p in prefixes], where))
+            m.pods.append(Pod.validated(name, prefixes, where))
         for i, item in enumerate(_items(doc, "dpus", path)):
             where = f"dpus[{i}]"
             _check_keys(item, DPU_KEYS, where)
@@ -127,15 +127,15 @@ def load_manifest(path: Path) -> Manifest:
             except ValueError:
                 raise InvalidArgument(f"{where}.role", role, f"must be one of {[r.value for r in Role]}") from None
             dpu = Dpu(
-                str(_get(item, "name", where)),
-                str(_get(item, "p4runtime_address", where)),
+                _text(item, "name", where),
+                _text(item, "p4runtime_address", where),
                 _int(item, "device_id", where, None),
-                str(_get(item, "pod", where)),
+                _text(item, "pod", where),
                 role_v,
                 _int(item, "host_port", where, 0),
                 _int(item, "uplink_port", where, 1),
                 _int(item, "buffer_bytes", where, 0),
-                str(_get(item, "node_mac", where, "")),
+                _text(item, "node_mac", where, ""),
             )
             m.dpus.append(Dpu.validated(dpu, where))
         caps = _items(doc, "caps", path)
@@ -143,7 +143,7 @@ def load_manifest(path: Path) -> Manifest:
         for i, item in enumerate(caps):
             where = f"caps[{i}]"
             _check_keys(item, CAP_KEYS, where)
-            pod = str(_get(item, "pod", where))
+            pod = _text(item, "pod", where)
             rates = {}
             for key in ("egress", "ingress"):
                 try:
@@ -207,8 +207,18 @@ def _routers(doc: dict[str, Any], path: Path) -> list[Router]:
         pods = item.get("pods", [])
         if not isinstance(pods, list):
             raise InvalidArgument(f"{where}.pods", pods, "must be a list of pod names")
-        out.append(Router.validated(str(_get(item, "name", where)), [str(p) for p in pods], where))
+        out.append(Router.validated(_text(item, "name", where), pods, where))
     return out
+
+
+def _text(item: dict[str, Any], key: str, where: str, default: Any = ...) -> str:
+    """A string value: YAML reads unquoted 0x10, 010 or 1.10 as numbers, which must not become other names."""
+    value = _get(item, key, where, default)
+    if not isinstance(value, str):
+        raise InvalidArgument(
+            f"{where}.{key}", value, "must be a string (quote it: YAML reads 0x10 or 1.10 as a number)"
+        )
+    return value
 
 
 def _int(item: dict[str, Any], key: str, where: str, default: int | None) -> int:

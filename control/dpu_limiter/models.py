@@ -22,6 +22,10 @@ MAX_RATE_BPS = 1.6e12  # 1.6 Tbit/s: well above any DPU link, far below int64 by
 MAX_WINDOW_S = 86_400.0
 # A cap's rate leaves data a rate of its own beside each DPU's ARP allowance (8 kbit/s), and its
 # window is long enough to hold more than one frame at the smallest rate.
+# limiter.p4's tables hold a pod's prefixes (src_in_pod, dst_in_pod: 1024 entries) and, on each node
+# DPU, the pod's other nodes (pod_peers: 1024).
+MAX_POD_PREFIXES = 1024
+MAX_POD_NODE_MACS = 1025
 MIN_RATE_BPS = 16_000.0
 MIN_WINDOW_S = 0.1
 # IPv4 space that no pod's nodes can own: "this network", loopback, link-local, multicast and the
@@ -106,27 +110,43 @@ PORT_RE = re.compile(r"[0-9]{1,5}")  # ASCII digits only: str.isdigit() also tak
 
 
 def check_address(field_name: str, value: str) -> str:
-    """A host:port gRPC address: IPv4, [IPv6] (no scope id: it names an interface of one host) or a DNS name."""
+    """A host:port gRPC address, normalised so that one endpoint has one spelling (the store compares
+    them): an IPv4 address, an [IPv6] one (no scope id: it names an interface of one host) or a DNS
+    name in lowercase without a trailing dot; the port without leading zeros."""
     host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
     if not sep or not host or not PORT_RE.fullmatch(port) or not 0 < int(port) < 65536:
         raise InvalidArgument(field_name, value, "must be host:port with a port in 1..65535")
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     if host.startswith("["):
         if not host.endswith("]"):
             raise InvalidArgument(field_name, value, "unterminated IPv6 literal")
         if "%" in host:
             raise InvalidArgument(field_name, value, "an IPv6 scope id is not allowed (give a routable address)")
         try:
-            ipaddress.IPv6Address(host[1:-1])
+            ip = ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             raise InvalidArgument(field_name, value, "not a valid IPv6 address") from None
-    elif len(host) > 253 or not HOST_RE.fullmatch(host):
-        raise InvalidArgument(field_name, value, "host is not an IPv4 address or DNS name")
-    elif re.fullmatch(r"[0-9.]+", host):
+        if ip.ipv4_mapped is not None:
+            raise InvalidArgument(field_name, value, f"give the IPv4 address itself ({ip.ipv4_mapped}:{int(port)})")
+        text = f"[{ip.compressed}]"
+    else:
+        host = host.lower().removesuffix(".")
+        if len(host) > 253 or not HOST_RE.fullmatch(host):
+            raise InvalidArgument(field_name, value, "host is not an IPv4 address or DNS name")
+        if not host.rpartition(".")[2][0].isdigit():
+            return f"{host}:{int(port)}"
+        # A name whose last label starts with a digit can only be a dotted-quad IPv4 address (no
+        # top-level domain does): 0x7f.0.0.1 or 2130706433 would otherwise be a second spelling.
         try:
-            ipaddress.IPv4Address(host)
+            ip = ipaddress.IPv4Address(host)
         except ValueError:
-            raise InvalidArgument(field_name, value, "not a valid IPv4 address") from None
-    return value
+            raise InvalidArgument(field_name, value, "not a valid IPv4 address (dotted quad)") from None
+        text = str(ip)
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise InvalidArgument(
+            field_name, value, "must name one device (not an unspecified, multicast or broadcast address)"
+        )
+    return f"{text}:{int(port)}"
 
 
 @dataclass(frozen=True)
@@ -140,8 +160,14 @@ class Pod:
     def validated(name: str, prefixes: list[str] | tuple[str, ...], field_prefix: str = "pod") -> Pod:
         """Build a Pod, normalising prefixes (10.0.1.0/24); errors name the field."""
         check_name(f"{field_prefix}.name", name)
-        if not prefixes:
-            raise InvalidArgument(f"{field_prefix}.ipv4_prefixes", list(prefixes), "a pod needs at least one prefix")
+        if not isinstance(prefixes, list | tuple) or not prefixes:
+            raise InvalidArgument(
+                f"{field_prefix}.ipv4_prefixes", prefixes, "a pod needs a list of at least one prefix"
+            )
+        if len(prefixes) > MAX_POD_PREFIXES:
+            raise InvalidArgument(
+                f"{field_prefix}.ipv4_prefixes", f"{len(prefixes)} prefixes", f"at most {MAX_POD_PREFIXES} per pod"
+            )
         norm = []
         for i, p in enumerate(prefixes):
             where = f"{field_prefix}.ipv4_prefixes[{i}]"
@@ -188,7 +214,7 @@ class Dpu:
     def validated(dpu: Dpu, field_prefix: str = "dpu") -> Dpu:
         """Check every field; errors name the field."""
         check_name(f"{field_prefix}.name", dpu.name)
-        check_address(f"{field_prefix}.p4runtime_address", dpu.p4runtime_address)
+        address = check_address(f"{field_prefix}.p4runtime_address", dpu.p4runtime_address)
         if not 0 <= dpu.device_id < 1 << 63:
             raise InvalidArgument(f"{field_prefix}.device_id", dpu.device_id, "must be in 0..2**63-1")
         check_name(f"{field_prefix}.pod", dpu.pod)
@@ -204,7 +230,9 @@ class Dpu:
         if mac and dpu.role is not Role.NODE:
             # Nothing that crosses a pod uplink is intra-pod: an uplink has no node to name.
             raise InvalidArgument(f"{field_prefix}.node_mac", dpu.node_mac, "only a node DPU has a node MAC")
-        return dataclasses.replace(dpu, node_mac=mac) if mac != dpu.node_mac else dpu
+        if (mac, address) == (dpu.node_mac, dpu.p4runtime_address):
+            return dpu
+        return dataclasses.replace(dpu, node_mac=mac, p4runtime_address=address)
 
 
 DPU_FIELDS = dataclasses.fields(Dpu)

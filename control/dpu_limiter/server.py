@@ -41,7 +41,7 @@ class ControlPlane:
         pipeline_check_s: float = PIPELINE_CHECK_S,
         concurrency: Concurrency | None = None,
     ) -> None:
-        self.store = Store(db_path)
+        self.store = Store(db_path, exclusive=True)
         # The tables are what the audit log says, or nothing is served from them: a row edited behind
         # the log (a cap raised in the file) would otherwise be enforced.
         try:

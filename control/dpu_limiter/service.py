@@ -18,6 +18,7 @@ from typing import TypeVar
 from . import dataplane as dp
 from . import shares
 from .models import (
+    MAX_POD_NODE_MACS,
     AlreadyExists,
     Cap,
     Change,
@@ -955,13 +956,20 @@ def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
         return
     endpoints: dict[tuple[str, int], list[str]] = {}
     macs: dict[str, list[str]] = {}
+    peers: dict[str, int] = {}  # node MACs per pod
     for d in st.dpus.values():
         endpoints.setdefault((d.p4runtime_address, d.device_id), []).append(d.name)
         if d.node_mac:
             macs.setdefault(d.node_mac, []).append(d.name)
+            peers[d.pod] = peers.get(d.pod, 0) + 1
     for where, dpu in dpus:
         if dpu.pod not in st.pods:
             raise NotFound(f"{where}.pod", dpu.pod, "no such pod; apply the pod first")
+        if dpu.node_mac and peers[dpu.pod] > MAX_POD_NODE_MACS:
+            # Each node DPU holds its pod's other nodes in limiter.p4's pod_peers table.
+            raise InvalidArgument(
+                f"{where}.node_mac", dpu.node_mac, f"pod {dpu.pod!r} would have more than {MAX_POD_NODE_MACS} node MACs"
+            )
         for other in endpoints[(dpu.p4runtime_address, dpu.device_id)]:
             if other != dpu.name:
                 raise AlreadyExists(

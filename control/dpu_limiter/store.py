@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
@@ -53,10 +54,13 @@ class StateMismatch(ValueError):
 class Store:
     """The desired state on disk; every method is one transaction."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, exclusive: bool = False) -> None:
         self.path = str(path)
+        self._lock_file: IO[bytes] | None = None
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            if exclusive:
+                self._lock_file = _lock(Path(f"{self.path}.lock"), self.path)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -82,8 +86,10 @@ class Store:
             self._db.execute("ALTER TABLE dpus ADD COLUMN node_mac TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the database (and give up its lock)."""
         self._db.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
 
     def commit(self, changes: list[Change], actor: str = "local") -> int:
         """Store every change and its audit record in one transaction (all or none); returns the new generation."""
@@ -206,6 +212,23 @@ class Store:
         row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
         state.generation = int(row[0]) if row else 0
         return state
+
+
+class StateInUse(OSError):
+    """Another control plane holds the state file."""
+
+
+def _lock(lock_path: Path, db_path: str) -> IO[bytes]:
+    """An exclusive lock on a state file, held while the returned file stays open: one control plane
+    per file (a second one would write from its own stale copy of the state). A lock file of its
+    own, and flock, not SQLite's POSIX locks: closing any descriptor of the database would drop those."""
+    f = lock_path.open("a+b")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise StateInUse(f"{db_path}: in use by another control plane (locked: {lock_path})") from None
+    return f
 
 
 def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, Any]]:

@@ -122,6 +122,8 @@ def parse_rate(text: str | float | int, field: str = "rate") -> float:
         value = float(text)
     else:
         s = str(text).strip().lower().replace(" ", "")
+        if not s.isascii():  # float() takes any script's digits (Arabic-Indic, bold maths): a file means ASCII
+            raise UnitError(f"{field}: cannot parse rate {text!r} (use ASCII digits, e.g. 20M, 1.5G, 1000000)")
         for unit in ("bit/s", "bps", "b/s", "bit"):
             if s.endswith(unit):
                 s = s[: -len(unit)]

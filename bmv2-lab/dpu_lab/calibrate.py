@@ -130,13 +130,23 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def scaled(sc: Scenario, k: float) -> Scenario:
-    """The scenario with every cap rate, burst, UDP rate and set-cap rate multiplied by `k` (< 1)."""
+def scaled(sc: Scenario, k: float, dpu_room: int = 0) -> Scenario:
+    """The scenario with every cap rate, burst, UDP rate and set-cap rate multiplied by `k` (< 1).
+
+    A burst is not scaled below what each of its pod's limiters needs to pass a frame (`dpu_room`
+    bytes each: the target's buffer after the meter, ARP's bucket and one frame), or the control plane
+    would refuse the cap; nor above what the scenario gave.
+    """
 
     def rates(m: Any, *names: str) -> Any:
         return m.model_copy(update={n: getattr(m, n) * k for n in names if getattr(m, n) is not None})
 
-    caps = [rates(c, "egress", "ingress").model_copy(update={"burst_bytes": int(c.burst_bytes * k)}) for c in sc.caps]
+    limiters = {p.name: max(1, len(p.limiters())) for p in sc.topology.pods}
+
+    def burst(c: Any) -> int:
+        return min(c.burst_bytes, max(int(c.burst_bytes * k), dpu_room * limiters.get(c.pod, 1)))
+
+    caps = [rates(c, "egress", "ingress").model_copy(update={"burst_bytes": burst(c)}) for c in sc.caps]
     phases = [
         ph.model_copy(
             update={

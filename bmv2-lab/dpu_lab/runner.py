@@ -23,6 +23,7 @@ from typing import Literal
 from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.units import ARP_BURST_BYTES, MAX_FRAME_BYTES
 
 from .bmv2_firmware import NO_FORGE, bmv2_python_dir
 from .boundary import BoundaryProcess, taps_of, write_taps
@@ -97,7 +98,8 @@ class LabRun:
                 sc, self.target, self.traffic, self.out_dir / "calibration", self.console, self.rescale
             )
             if self.calibration.verdict == "rescaled":
-                self.scenario = scaled(sc, self.calibration.scale)
+                room = BUFFER_BYTES[self.target] + ARP_BURST_BYTES + MAX_FRAME_BYTES
+                self.scenario = scaled(sc, self.calibration.scale, room)
         with _sigterm_as_interrupt():
             try:
                 return self._run()

@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 from finsy.proto import p4i, p4r
 
-from .profile_mgr import MANUAL
-from .runtime import Pipeline
-from .server import Device
+from .device import Device
+from .runtime.pipeline import Pipeline
+from .runtime.profile_mgr import MANUAL
 
 
 class Firmware(Protocol):

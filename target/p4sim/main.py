@@ -20,10 +20,11 @@ import grpc
 from finsy.proto import p4i, p4r
 from google.protobuf import text_format
 
+from .device import Device
 from .firmware import serve as serve_firmware
 from .ports import RawPorts, parse_interface
-from .program import DROP_PORT
-from .server import Device, add_to_server
+from .server import add_to_server
+from .switch.packet import DROP_PORT
 
 LOG = logging.getLogger("p4sim")
 

@@ -35,10 +35,10 @@ from functools import partial
 import grpc
 from finsy.proto import p4d, p4i, p4r, p4t
 
-from .bytestrings import canonical
-from .errors import P4RuntimeError, ProgramError
-from .externs import Clock
-from .program import LearnListDef
+from ..bytestrings import canonical
+from ..errors import P4RuntimeError, ProgramError
+from ..externs import Clock
+from ..switch.loader import LearnListDef
 
 Emit = Callable[[p4r.StreamMessageResponse], None]
 

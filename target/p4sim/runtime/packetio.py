@@ -15,8 +15,8 @@ from __future__ import annotations
 import grpc
 from finsy.proto import p4i, p4r
 
-from .bytestrings import canonical, to_width
-from .errors import P4RuntimeError
+from ..bytestrings import canonical, to_width
+from ..errors import P4RuntimeError
 
 
 class _Header:

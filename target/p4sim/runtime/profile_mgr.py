@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from .errors import P4RuntimeError
-from .profiles import ActionProfile, ProfileError
+from ..errors import P4RuntimeError
+from ..profiles import ActionProfile, ProfileError
 
 MANUAL, ONESHOT = "manual", "oneshot"
 

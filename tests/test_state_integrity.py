@@ -293,3 +293,24 @@ def test_a_state_without_records_or_rows_starts_and_verifies(tmp_path: Path) -> 
     assert Store(db).verify_state().ok
     res = cli("audit", "verify", "--db", str(db))
     assert res.returncode == 0, res
+
+
+async def test_a_payload_text_the_hash_does_not_cover_is_refused(tmp_path: Path) -> None:
+    """Review: a key written twice in a payload's text verified (the hash covers the parsed values),
+    so jq or json_extract could read a cap the log never sealed."""
+    db = await _legit_state(tmp_path)
+    head = _head(db)
+    _sql(
+        db,
+        """UPDATE audit SET payload = '{"egress_bps": 1600000000000.0, ' || substr(payload, 2) """
+        """WHERE seq = (SELECT min(seq) FROM audit WHERE action = 'set-cap')""",
+    )
+    _refused(db, "the payload's text is not its canonical form", head)
+
+
+async def test_a_column_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Review: an actor stored as a BLOB (the same bytes) crashed `serve` and `audit verify` with a traceback."""
+    db = await _legit_state(tmp_path)
+    head = _head(db)
+    _sql(db, "UPDATE audit SET actor = CAST(actor AS BLOB) WHERE seq = 1")
+    _refused(db, "record 1: a column holds a value of the wrong type", head)

@@ -63,6 +63,8 @@ ROUTER_KEYS = {"name", "pods"}
 def _named(key: object) -> str:
     """A key as a field path or a list repeats it: cut to SHOWN_CHARS, so a megabyte key gives a short error."""
     text = str(key)
+    if not text.isprintable():  # a line break or an escape sequence must not reach the terminal as such
+        text = repr(text)
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}...({len(text)} chars)"
 
 

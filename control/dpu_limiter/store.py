@@ -345,10 +345,18 @@ def _verify_in(db: sqlite3.Connection, anchor: str | None) -> audit.Verdict:
 def _audit_rows(db: sqlite3.Connection) -> list[audit.AuditRecord]:
     rows = db.execute("SELECT seq, ts, actor, action, object, payload, prev, hash FROM audit ORDER BY seq").fetchall()
     out = []
+    types: tuple[type | tuple[type, ...], ...] = (int, (int, float), str, str, str, str, str, str)
     for r in rows:
+        # Columns of the wrong SQLite type (an actor stored as a BLOB) are edits, not records.
+        if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(r, types, strict=True)):
+            raise ValueError(f"record {r[0]!r}: a column holds a value of the wrong type (edited)")
         try:
             payload = json.loads(r[5])
         except (TypeError, ValueError):
             raise ValueError(f"record {r[0]}: the payload is not JSON") from None
+        # The hash covers the payload's values; its stored text must be their one canonical form, so
+        # that no reader of the file (jq, json_extract) sees what the hash does not cover (a key twice).
+        if r[5] != json.dumps(payload, sort_keys=True):
+            raise ValueError(f"record {r[0]}: the payload's text is not its canonical form (edited)")
         out.append(audit.AuditRecord(r[0], r[1], r[2], r[3], r[4], payload, r[6], r[7]))
     return out

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dpu_limiter.models import NAME_RE, shown
+from dpu_limiter.models import NAME_RE, cut, shown
 from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
@@ -564,17 +564,13 @@ def _format_error(path: Path, exc: ValidationError) -> str:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         value = err.get("input")
         got = shown(value) if not isinstance(value, dict | list) else type(value).__name__
-        lines.append(f"  {_cut(loc)}: {_cut(err['msg'])} (got {got})")
+        lines.append(f"  {cut(loc, 200)}: {cut(err['msg'], 200)} (got {got})")
     if len(errors) > MAX_ERRORS:
         lines.append(f"  ... and {len(errors) - MAX_ERRORS} more")
     return "\n".join(lines)
 
 
 MAX_ERRORS = 20
-
-
-def _cut(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def load_scenario(path: Path) -> Scenario:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import Cap, Dpu, InvalidArgument, Pod, Role, Router
+from .models import Cap, Dpu, InvalidArgument, Pod, Role, Router, cut
 from .units import UnitError, parse_rate
-from .yamlfile import SHOWN_CHARS, YamlFileError, read_yaml
+from .yamlfile import YamlFileError, read_yaml
 
 
 class ManifestError(ValueError):
@@ -61,11 +61,11 @@ ROUTER_KEYS = {"name", "pods"}
 
 
 def _named(key: object) -> str:
-    """A key as a field path or a list repeats it: cut to SHOWN_CHARS, so a megabyte key gives a short error."""
+    """A key as a field path or a list repeats it: cut (models.cut), so a megabyte key gives a short error."""
     text = str(key)
     if not text.isprintable():  # a line break or an escape sequence must not reach the terminal as such
         text = repr(text)
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}...({len(text)} chars)"
+    return cut(text)
 
 
 def _listed(keys: set[Any]) -> str:

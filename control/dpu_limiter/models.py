@@ -46,6 +46,11 @@ NOT_POD_SPACE = tuple(
 SHOWN_CHARS = 80  # at most this much of a bad value is repeated back: an error stays small whatever came in
 
 
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text an error repeats (a key, a parser's message): at most `limit` characters, with its full length said."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 def shown(value: object) -> str:
     """A value as an error message repeats it: its repr, cut to SHOWN_CHARS with its full length said."""
     text = repr(value)

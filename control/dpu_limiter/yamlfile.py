@@ -29,11 +29,12 @@ from yaml.reader import Reader, ReaderError
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
+from .models import cut
+
 MAX_FILE_BYTES = 16 * 2**20  # 16 MiB; far above any manifest or scenario (MAX_NODES usually bites first)
 MAX_DEPTH = 64  # levels of nesting; the shipped files use under 10
 MAX_NODES = 1_000_000  # scalars, sequences and mappings, aliases counted as what they repeat (~0.4 GB parsed)
 MAX_INT_CHARS = 100  # an integer's text: a rate or a byte count needs 20 at most
-SHOWN_CHARS = 80  # of a key, a tag or a parser's message repeated in an error
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _VALUE_TAG = "tag:yaml.org,2002:value"
@@ -48,10 +49,6 @@ class _Refused(MarkedYAMLError):
 
     def __init__(self, problem: str, mark: Any) -> None:  # yaml.error.Mark, or libyaml's
         super().__init__(problem=problem, problem_mark=mark)
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} chars)"
 
 
 class _Guarded(Composer, SafeConstructor, Resolver):
@@ -87,7 +84,7 @@ class _Guarded(Composer, SafeConstructor, Resolver):
             if target is not None:  # an undefined one is the composer's error
                 extent = self._extent.get(target)
                 if extent is None:
-                    raise _Refused(f"alias *{_cut(str(event.anchor))} inside the node it names", event.start_mark)
+                    raise _Refused(f"alias *{cut(str(event.anchor))} inside the node it names", event.start_mark)
                 self._count(extent[0], self._level + extent[1], event.start_mark)
             return super().compose_node(parent, index)
         level = self._level + 1
@@ -118,7 +115,7 @@ class _Guarded(Composer, SafeConstructor, Resolver):
             except TypeError:
                 continue
             if seen is not key_node:
-                shown = "'<<'" if key == ("<<",) else _cut(repr(key))
+                shown = "'<<'" if key == ("<<",) else cut(repr(key))
                 line = seen.start_mark.line + 1
                 raise _Refused(f"duplicate key {shown} (first at line {line})", key_node.start_mark)
         return node
@@ -127,7 +124,7 @@ class _Guarded(Composer, SafeConstructor, Resolver):
         try:
             return super().construct_object(node, deep)
         except (ValueError, OverflowError, TypeError) as exc:  # e.g. a timestamp such as 2023-02-30
-            raise _Refused(f"cannot read {node.tag} value: {_cut(str(exc))}", node.start_mark) from None
+            raise _Refused(f"cannot read {node.tag} value: {cut(str(exc))}", node.start_mark) from None
 
     def construct_yaml_int(self, node: ScalarNode) -> int:
         if len(node.value) > MAX_INT_CHARS:
@@ -201,17 +198,17 @@ def _message(path: Path, text: str, exc: yaml.YAMLError, byte_offsets: bool) -> 
         before = text.encode()[: exc.position].decode(errors="ignore") if byte_offsets else text[: exc.position]
         line, col = before.count("\n") + 1, len(before) - before.rfind("\n")
         what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
-        return f"{path}:{line}:{col}: not valid YAML: unacceptable character {what}: {_cut(str(exc.reason))}"
+        return f"{path}:{line}:{col}: not valid YAML: unacceptable character {what}: {cut(str(exc.reason))}"
     if not isinstance(exc, MarkedYAMLError):
-        return f"{path}: not valid YAML: {_cut(str(exc))}"
+        return f"{path}: not valid YAML: {cut(str(exc))}"
     mark = exc.problem_mark or exc.context_mark
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
     if isinstance(exc, _Refused):
         return f"{where}: {exc.problem}"
     if exc.problem == "exceeded maximum nesting depth":  # libyaml's own limit (1000), met while scanning ahead
         return f"{where}: nested deeper than {MAX_DEPTH} levels"
-    parts = [_cut(exc.problem)] if exc.problem else []
+    parts = [cut(exc.problem)] if exc.problem else []
     if exc.context:
         at = exc.context_mark
-        parts.append(_cut(exc.context) + (f" at line {at.line + 1}" if at is not None and at is not mark else ""))
+        parts.append(cut(exc.context) + (f" at line {at.line + 1}" if at is not None and at is not mark else ""))
     return f"{where}: not valid YAML: {'; '.join(parts)}"

@@ -124,6 +124,14 @@ async def servers() -> AsyncIterator[list[grpc.aio.Server]]:
         await server.stop(grace=0)
 
 
+# Growth after one lease is unsound for an idle DPU: its lease's lifetime starts at its first packet,
+# which may come long after the write (limiter.p4), so a cut-off idle DPU kept its old share while the
+# others grew (25 % over a 16 Mbit/s cap). Growth waits for confirmation again until leases carry an
+# absolute bound on the DPU's own clock; these tests assert the growth that is no longer done.
+UNSOUND = pytest.mark.skip(reason="needs leases with an absolute bound: growth after one lease is unsound when idle")
+
+
+@UNSOUND
 async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, servers: list[grpc.aio.Server]) -> None:
     lease_s = 4.0
     live, server, _, addr = await serve()
@@ -156,6 +164,7 @@ async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, se
     assert grown <= registered + lease_s + MARGIN_S
 
 
+@UNSOUND
 async def test_a_dpu_that_dies_owing_a_shrink_holds_growth_back_until_its_lease_lapses(
     tmp_path: Path, servers: list[grpc.aio.Server]
 ) -> None:
@@ -192,6 +201,7 @@ async def test_a_dpu_that_dies_owing_a_shrink_holds_growth_back_until_its_lease_
     assert died < watch.crossed < grown
 
 
+@UNSOUND
 async def test_a_live_dpu_that_never_confirms_is_not_renewed_past_its_shrink(
     tmp_path: Path, servers: list[grpc.aio.Server]
 ) -> None:

@@ -73,7 +73,6 @@ LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals ev
 # time, yielding to the event loop in between, so that reads and lease renewals are answered meanwhile.
 BATCH = 256
 START_BATCH = 64  # agents whose connections are opened at once (each costs the loop ~0.15 ms)
-RECHECK_S = 1.0  # how often a wait for a DPU's pass from before a grant to end looks again
 # Agents made or started between two freezes of the heap (see _freeze_heap).
 FREEZE_EVERY = 1024
 
@@ -132,7 +131,6 @@ class LimiterService:
         self._samples: dict[str, tuple[float, int, int]] = {}
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
-        self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
         self.rebalance_interval_s = rebalance_interval_s
         self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
@@ -309,8 +307,6 @@ class LimiterService:
         if all(self.shares.get(n) == c for n, c in grants.items()):
             return {}
         self.shares.update(grants)
-        now = time.monotonic()
-        self._granted_at.update(dict.fromkeys(grants, now))
         tickets = {n: self.agents[n].poke() for n in grants if n in self.agents}
         self._unconfirmed.update(tickets)
         return tickets
@@ -334,45 +330,18 @@ class LimiterService:
                 ok = False
         return ok
 
-    def lapse_at(self, name: str) -> float | None:
-        """When a DPU that has not confirmed its latest grant holds no lease that came with an earlier one.
-
-        An agent writes a lease only after every other part of its intent (dataplane.Plan.batches): a
-        lease written by a pass that took its intent after the grant came with the granted share. The
-        passes from before the grant may have renewed the DPU's lease under its old share; it lapses in
-        the data plane one lifetime after the last of them ended (the lifetime runs from the first
-        packet that sees a new generation). None while such a pass is still running.
-        """
-        agent = self.agents[name]
-        ended = agent.passes_done(self._granted_at.get(name, agent.created))
-        return None if ended is None else ended + self.lease_s
-
     async def _held_back(self, pod: str, tickets: dict[str, int], step_timeout: float) -> None:
-        """Wait until no ticketed DPU can pass more than it is granted now: each has confirmed (read back)
-        its grant, or the lease it held under an earlier one has lapsed (a dead DPU, or one cut off, holds
-        growth back for one lease at most, never less). One DPU at a time: no task per DPU."""
+        """Wait until every ticketed DPU still here has confirmed (read back) its grant. A DPU that
+        cannot confirm holds growth back for as long as that lasts: its lease is no bound, since an idle
+        DPU starts a lease's lifetime at its first packet, which may come at any time later (an
+        operator's red team passed 25 % over a cap through a cut-off idle DPU when growth went ahead
+        one lease after its last write). One DPU at a time: no task per DPU."""
         for name, ticket in tickets.items():
-            waited = 0.0
             while (agent := self.agents.get(name)) is not None:
-                if agent.applied >= ticket:
+                if await agent.wait_applied(ticket, step_timeout):
                     self._confirm(name, ticket)
                     break
-                lapse, now = self.lapse_at(name), time.monotonic()
-                if lapse is not None and now >= lapse:
-                    LOG.warning(
-                        "pod %s: %s has not confirmed its share, but its earlier lease has lapsed: the others may grow",
-                        pod,
-                        name,
-                    )
-                    break
-                if waited >= step_timeout:
-                    LOG.warning("pod %s: %s has not confirmed its smaller share yet; not growing any", pod, name)
-                    waited = 0.0
-                wait = min(step_timeout - waited, RECHECK_S if lapse is None else lapse - now)
-                if await agent.wait_applied(ticket, wait):
-                    self._confirm(name, ticket)
-                    break
-                waited += wait
+                LOG.warning("pod %s: %s has not confirmed its smaller share yet; not growing any", pod, name)
 
     def _layers(self, pod: str) -> list[list[str]]:
         """The pod's DPUs by role: each list one layer of parallel devices sharing the cap."""
@@ -551,7 +520,6 @@ class LimiterService:
             self.shares.pop(c.name, None)
             self._samples.pop(c.name, None)
             self._unconfirmed.pop(c.name, None)
-            self._granted_at.pop(c.name, None)
             pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
             if isinstance(c.after, Dpu):
                 self._start_agent(c.after)

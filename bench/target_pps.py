@@ -87,7 +87,7 @@ def _count(ifname: str, seconds: float, out: mp.Queue[int]) -> None:
 async def _program(address: str) -> None:
     files = dp.limiter_program()
     dpu = Dpu("bench", address, 1, "a")
-    lease = (1, 10**12)  # eleven days: longer than any run
+    lease = dp.Lease(1, math.inf, 10**12)  # eleven days after the target started: longer than any run
     intent = dp.intent_for(dpu, Pod("a", ("10.0.1.0/24",)), Cap(1e11, 1e11, 1.0, 1 << 30), lease)
     opts = fy.SwitchOptions(p4info=files.p4info, p4blob=files.bmv2_json, device_id=1, initial_election_id=10)
     async with fy.Switch("bench", address, opts) as sw:

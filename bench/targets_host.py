@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from dpu_limiter.units import CPU_PORT
 from p4sim.server import Device, add_to_server
 
 ECHO_SERVICE = "dpu_limiter.bench.Echo"
@@ -46,7 +47,7 @@ async def main(n: int) -> None:
     addresses = []
     for _ in range(n):
         server = grpc.aio.server()
-        add_to_server(server, Device(1))
+        add_to_server(server, Device(1, cpu_port=CPU_PORT))
         server.add_generic_rpc_handlers((ECHO,))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()

@@ -39,13 +39,20 @@
  * crosses is counted in exactly one class.
  *
  * Lease: metered traffic crosses only while the DPU holds a lease. The control
- * plane writes lease_cfg's default action lease(gen, lifetime) and renews it by
- * writing a new generation well within the lifetime. The first packet that sees
- * a new generation latches it with the DPU's own clock; a generation older than
- * `lifetime` microseconds, or none, means expired: the traffic is dropped and
- * counted. So when the controller is gone for longer than the lease, the cap
- * falls to its floor by the data plane's own means. (The lifetime runs from the
- * first packet after a renewal: an idle DPU's lease starts when it is used.)
+ * plane writes lease_cfg's default action lease(gen, deadline), deadline being a
+ * time on the DPU's own clock (ingress_global_timestamp, us), and renews it with
+ * a new generation and a later deadline well before it passes. At or after the
+ * deadline, or with no lease, metered traffic is dropped and counted. A lease
+ * thus ends at a time the control plane knows, whether or not any packet used
+ * it: a DPU cut off from its controller falls to its floor by its own clock,
+ * idle or not, at the latest when its last lease's deadline passes.
+ *
+ * Clock: to place a deadline on the DPU's clock, the control plane reads that
+ * clock through packet I/O. A PacketOut (which enters on CPU_PORT, where no
+ * wire port may be) carrying a nonce comes back at once as a PacketIn with the
+ * nonce and the ingress timestamp it was seen at; it crosses nothing and is
+ * counted nowhere. The target must run with its CPU port at CPU_PORT
+ * (simple_switch_grpc --cpu-port 510).
  *
  * Window mode (a window_cfg entry for the cell): besides the meter, at most
  * `budget` bytes pass in any interval of the window W. Time is cut into slots
@@ -60,6 +67,7 @@
 
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<16> ETHERTYPE_ARP  = 0x0806;
+#define CPU_PORT 510  // the target's CPU port: PacketOuts enter here, PacketIns leave here
 
 // Traffic classes, the low 3 bits of a class_counter index.
 const bit<3> CLASS_INTRA    = 0;  // IPv4 between this node and a pod peer, both addresses in the pod: exempt
@@ -76,6 +84,18 @@ const bit<32> ARP_MAX_FRAME = 60;  // an Ethernet/IPv4 ARP frame padded to the m
 const bit<2> COLOR_WINDOW = 3;  // over the window budget: dropped
 const bit<3> CODE_LEASE = 4;    // colour-counter code of traffic without a valid lease: dropped
 const bit<3> CODE_ARP_RED = 5;  // colour-counter code of ARP over its own allowance: dropped
+
+// The clock echo (see "Clock" above): the controller's nonce, and the nonce with the DPU's time.
+@controller_header("packet_out")
+header packet_out_t {
+    bit<64> nonce;
+}
+
+@controller_header("packet_in")
+header packet_in_t {
+    bit<64> nonce;
+    bit<48> now;
+}
 
 header ethernet_t {
     bit<48> dstAddr;
@@ -111,6 +131,8 @@ header arp_t {
 }
 
 struct headers_t {
+    packet_in_t  packet_in;
+    packet_out_t packet_out;
     ethernet_t ethernet;
     ipv4_t     ipv4;
     arp_t      arp;
@@ -125,14 +147,23 @@ struct metadata_t {
     bit<64> budget;
     bit<64> mult;
     bit<1>  lease_on;
-    bit<32> lease_gen;
-    bit<48> lease_life;
+    bit<48> lease_deadline;
     bit<48> peer_mac;   // the Ethernet address that must be a pod peer for exemption
 }
 
 parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t standard_metadata) {
     state start {
+        transition select(standard_metadata.ingress_port) {
+            CPU_PORT: parse_packet_out;
+            default: parse_ethernet;
+        }
+    }
+    state parse_packet_out {
+        packet.extract(hdr.packet_out);
+        transition accept;
+    }
+    state parse_ethernet {
         packet.extract(hdr.ethernet);
         transition select(hdr.ethernet.etherType) {
             ETHERTYPE_IPV4: parse_ipv4;
@@ -167,8 +198,6 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
     meter(ARP_CELLS + MAX_CELLS, MeterType.bytes) boundary_meter;  // cells, then their ARP meters
     register<bit<64>>(MAX_CELLS * NSLOT) slot_epoch;
     register<bit<64>>(MAX_CELLS * NSLOT) slot_bytes;
-    register<bit<32>>(1) lease_gen;      // the lease generation the data plane has latched
-    register<bit<48>>(1) lease_granted;  // when it latched it (ingress_global_timestamp, us)
 
     action drop() {
         mark_to_drop(standard_metadata);
@@ -203,10 +232,10 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         size = MAX_CELLS;
     }
 
-    action lease(bit<32> gen, bit<48> lifetime) {
+    // gen names the lease for the control plane's read-back; the data plane needs only the deadline.
+    action lease(bit<32> gen, bit<48> deadline) {
         meta.lease_on = 1;
-        meta.lease_gen = gen;
-        meta.lease_life = lifetime;
+        meta.lease_deadline = deadline;
     }
 
     // Keyless: the control plane writes (and renews) its default action.
@@ -238,7 +267,14 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
     }
 
     apply {
-        if (boundary.apply().hit) {
+        if (hdr.packet_out.isValid()) {
+            // The clock echo: back to the controller at once, with the time it was seen.
+            hdr.packet_in.setValid();
+            hdr.packet_in.nonce = hdr.packet_out.nonce;
+            hdr.packet_in.now = standard_metadata.ingress_global_timestamp;
+            hdr.packet_out.setInvalid();
+            standard_metadata.egress_spec = CPU_PORT;
+        } else if (boundary.apply().hit) {
             bool pod_addresses = false;  // IPv4 with source and destination in the pod
             if (hdr.arp.isValid() && hdr.arp.htype == 1 && hdr.arp.ptype == ETHERTYPE_IPV4
                     && hdr.arp.hlen == 6 && hdr.arp.plen == 4 && (hdr.arp.oper == 1 || hdr.arp.oper == 2)
@@ -280,17 +316,7 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                 bool leased = false;
                 lease_cfg.apply();
                 if (meta.lease_on == 1) {
-                    bit<48> now = standard_metadata.ingress_global_timestamp;
-                    bit<32> gen;
-                    bit<48> granted;
-                    lease_gen.read(gen, 0);
-                    lease_granted.read(granted, 0);
-                    if (gen != meta.lease_gen) {
-                        lease_gen.write(0, meta.lease_gen);
-                        lease_granted.write(0, now);
-                        granted = now;
-                    }
-                    leased = now - granted < meta.lease_life;
+                    leased = standard_metadata.ingress_global_timestamp < meta.lease_deadline;
                 }
                 if (meta.class == CLASS_ARP) {
                     // Without a lease ARP still passes between pod mates (a node's neighbour discovery
@@ -358,6 +384,7 @@ control LimiterComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
 
 control LimiterDeparser(packet_out packet, in headers_t hdr) {
     apply {
+        packet.emit(hdr.packet_in);
         packet.emit(hdr.ethernet);
         packet.emit(hdr.ipv4);
         packet.emit(hdr.arp);

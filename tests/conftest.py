@@ -21,6 +21,7 @@ from netns_pair import NsPair, ip
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.units import CPU_PORT
 from p4sim.server import Device, add_to_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,9 +158,12 @@ async def node_pod(
         await register(client, f"{name}{i}", addr, pod=pod, node=True)
 
 
-def start_embedded(port: int, log: Path, options: list[str] | None = None) -> subprocess.Popen[bytes]:
+def start_embedded(
+    port: int, log: Path, options: list[str] | None = None, cpu_port: int | None = CPU_PORT
+) -> subprocess.Popen[bytes]:
     """The embedded target as a process with no pipeline, serving P4Runtime on 127.0.0.1:port
-    (`options`: more of simple_switch_grpc's options, e.g. `-i PORT@IF` or the TLS ones)."""
+    (`options`: more of simple_switch_grpc's options, e.g. `-i PORT@IF` or the TLS ones), with its
+    CPU port where limiter.p4 reads the clock."""
     with log.open("ab") as out:  # a file, not a pipe: nobody drains a pipe while a test runs
         proc = subprocess.Popen(
             [
@@ -169,6 +173,7 @@ def start_embedded(port: int, log: Path, options: list[str] | None = None) -> su
                 "--device-id",
                 "1",
                 *(options or []),
+                *(["--cpu-port", str(cpu_port)] if cpu_port is not None else []),
                 "--no-p4",
                 "--",
                 "--grpc-server-addr",
@@ -211,9 +216,10 @@ def embedded_target(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 InProcess = tuple[Device, grpc.aio.Channel]
 
 
-async def serve_in_process() -> tuple[Device, grpc.aio.Server, str]:
-    """The embedded target in this process (frames go in through Device.process), served on loopback."""
-    device = Device(1)
+async def serve_in_process(cpu_port: int | None = CPU_PORT) -> tuple[Device, grpc.aio.Server, str]:
+    """The embedded target in this process (frames go in through Device.process), served on loopback;
+    by default with its CPU port where limiter.p4 reads the clock."""
+    device = Device(1, cpu_port=cpu_port)
     server = grpc.aio.server()
     add_to_server(server, device)
     port = free_port()
@@ -259,8 +265,8 @@ async def programmed_target(
 
 @pytest.fixture
 async def in_process_target() -> AsyncIterator[InProcess]:
-    """An in-process embedded target and a channel to it."""
-    device, server, address = await serve_in_process()
+    """An in-process embedded target (no CPU port: set device.cpu_port for packet I/O) and a channel to it."""
+    device, server, address = await serve_in_process(cpu_port=None)
     channel = grpc.aio.insecure_channel(address)
     try:
         yield device, channel

@@ -110,15 +110,15 @@ def update(kind: int, entity: p4r.Entity) -> p4r.Update:
     return p4r.Update(type=kind, entity=entity)  # type: ignore[arg-type]
 
 
-LONG_LEASE_US = 10**12  # eleven days: a lease that outlives any test
+LONG_LEASE_US = 10**12  # eleven days after the target started: a lease that outlives any test
 
 
-def lease_entry(sch: object, gen: int, lifetime_us: int) -> p4r.Entity:
-    """lease_cfg's default action: lease `gen` of `lifetime_us` microseconds."""
+def lease_entry(sch: object, gen: int, deadline_us: int) -> p4r.Entity:
+    """lease_cfg's default action: lease `gen` until `deadline_us` on the target's clock."""
     from finsy import P4Schema, P4TableAction, P4TableEntry
 
     assert isinstance(sch, P4Schema)
-    action = P4TableAction("LimiterIngress.lease", gen=gen, lifetime=lifetime_us)
+    action = P4TableAction("LimiterIngress.lease", gen=gen, deadline=deadline_us)
     return P4TableEntry("LimiterIngress.lease_cfg", action=action, is_default_action=True).encode(sch)
 
 

@@ -18,6 +18,7 @@ from conftest import free_port, node_pod, register
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.reconciler import Concurrency
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.units import CPU_PORT
 from p4sim.server import Device, P4RuntimeService
 
 pytestmark = pytest.mark.timeout(120)
@@ -58,7 +59,7 @@ async def serve(
     tally: dict[str, int], delay_s: float = 0.05, install_s: float = 0.05
 ) -> tuple[Device, grpc.aio.Server, str]:
     """An embedded target on loopback whose service is Counted."""
-    device = Device(1)
+    device = Device(1, cpu_port=CPU_PORT)
     server = grpc.aio.server()
     p4r_grpc.add_P4RuntimeServicer_to_server(Counted(device, tally, delay_s, install_s), server)  # type: ignore[no-untyped-call]
     port = free_port()

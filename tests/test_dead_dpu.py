@@ -4,9 +4,10 @@ and never for less.
 Shares change shrink before grow. A DPU that never confirms its shrink (dead, cut off, or answering
 too late) cannot pass more than its old share for longer than the lease it held under it: the
 control plane writes a lease only after the rest of an intent (dataplane.Plan.batches), and the
-data plane drops metered traffic once the lease is older than its lifetime. So the pod's other DPUs
-grow once that lease can have lapsed: one lifetime after the last reconcile that could have renewed
-it under the old share ended. A slow DPU that does confirm is waited for.
+data plane drops metered traffic once the lease's deadline on its own clock has passed, whether or
+not a packet used the lease. Every lease that came with the old share was issued before the shrink
+was granted, so the pod's other DPUs grow one lifetime after the grant. A slow DPU that does
+confirm is waited for.
 
 Real gRPC on loopback: a control plane and embedded targets in this process (their meters read
 straight from the devices), and DPUs at closed ports.
@@ -29,6 +30,7 @@ from conftest import free_port, register
 from dpu_limiter import dataplane as dp
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.units import CPU_PORT
 from p4rt_helpers import A_HOST, B_HOST, udp
 from p4sim.server import Device, P4RuntimeService
 
@@ -59,7 +61,7 @@ class Recorded(P4RuntimeService):
 
 async def serve(delay_s: float = 0.0) -> tuple[Device, grpc.aio.Server, Recorded, str]:
     """An embedded target on loopback whose service is Recorded."""
-    device = Device(1)
+    device = Device(1, cpu_port=CPU_PORT)
     server = grpc.aio.server()
     service = Recorded(device, delay_s)
     p4r_grpc.add_P4RuntimeServicer_to_server(service, server)  # type: ignore[no-untyped-call]
@@ -124,14 +126,6 @@ async def servers() -> AsyncIterator[list[grpc.aio.Server]]:
         await server.stop(grace=0)
 
 
-# Growth after one lease is unsound for an idle DPU: its lease's lifetime starts at its first packet,
-# which may come long after the write (limiter.p4), so a cut-off idle DPU kept its old share while the
-# others grew (25 % over a 16 Mbit/s cap). Growth waits for confirmation again until leases carry an
-# absolute bound on the DPU's own clock; these tests assert the growth that is no longer done.
-UNSOUND = pytest.mark.skip(reason="needs leases with an absolute bound: growth after one lease is unsound when idle")
-
-
-@UNSOUND
 async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, servers: list[grpc.aio.Server]) -> None:
     lease_s = 4.0
     live, server, _, addr = await serve()
@@ -164,17 +158,21 @@ async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, se
     assert grown <= registered + lease_s + MARGIN_S
 
 
-@UNSOUND
-async def test_a_dpu_that_dies_owing_a_shrink_holds_growth_back_until_its_lease_lapses(
-    tmp_path: Path, servers: list[grpc.aio.Server]
+@pytest.mark.parametrize("idle", [False, True], ids=["in-use", "idle"])
+async def test_a_dpu_cut_off_owing_a_shrink_holds_growth_back_until_its_lease_ends(
+    tmp_path: Path, servers: list[grpc.aio.Server], idle: bool
 ) -> None:
+    # Cut off from the control plane (its gRPC server stopped), its data plane running on. In use,
+    # frames cross it every few milliseconds. Idle (the red team's attack), none does until the others
+    # have grown; then it sends at its old share. A lease that started at its first packet let it (25 %
+    # over the cap); one that ends at a deadline on its clock does not.
     lease_s = 4.0
     live, live_server, _, live_addr = await serve()
     dying_device, dying_server, dying, dying_addr = await serve()
     servers += [live_server, dying_server]
     plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
     await plane.start()
-    watch = Watch([live], traffic=dying_device)
+    watch = Watch([live], traffic=None if idle else dying_device)
     try:
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24"])
@@ -191,23 +189,24 @@ async def test_a_dpu_that_dies_owing_a_shrink_holds_growth_back_until_its_lease_
             await watch.until(0, 40e6, timeout=10)
             await c.set_pod_cap("a", 160e6, 160e6, 1.0, 2_000_000)
             grown = await watch.until(0, 80e6, timeout=lease_s + 10)
+            late = dying_device.process(0, OUT)
     finally:
         await watch.stop()
         await plane.stop()
+    assert held(dying_device) == 120e6 and late == []  # its old meters, but no lease to use them with
     assert dying.lease_written
     assert grown >= dying.lease_written[-1] + lease_s  # never before its last lease can have lapsed
     assert grown <= died + lease_s + MARGIN_S
-    # In the data plane: the dead DPU passed pod a's frames until its lease lapsed, and none since.
-    assert died < watch.crossed < grown
+    if not idle:  # in the data plane: it passed pod a's frames until its lease lapsed, and none since
+        assert died < watch.crossed < grown
 
 
-@UNSOUND
 async def test_a_live_dpu_that_never_confirms_is_not_renewed_past_its_shrink(
     tmp_path: Path, servers: list[grpc.aio.Server]
 ) -> None:
     # Alive and connected, but every Write hangs past finsy's 10 s deadline: it never takes its smaller
     # share, and never the lease renewals written after it. The live DPU grows once the lease from
-    # before has lapsed (at most a lease after the pass under way when the shrink was granted ended).
+    # before has lapsed (one lifetime after the shrink was granted: every lease it could hold was issued before).
     lease_s = 4.0
     live, live_server, _, live_addr = await serve()
     stuck_device, stuck_server, stuck, stuck_addr = await serve()

@@ -8,18 +8,21 @@ target's output for the same frame, then every counter cell limiter.p4 touches i
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 
 import grpc
 import pytest
-from finsy import P4CounterEntry
+from finsy import P4CounterEntry, P4Schema
+from finsy.proto import p4r
 from scapy.layers.inet import IP, UDP, fragment
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
 from bmv2_harness import bmv2_switch, through_bmv2
+from dpu_limiter.units import CPU_PORT
 from p4rt_helpers import A_HOST, B_HOST, Client, connect, program_limiter, udp
 from p4sim.server import Device
 
@@ -90,3 +93,38 @@ async def test_same_frames_same_outputs_and_counters(
                 mismatches.append((port, frame.hex(), [(p, f.hex()) for p, f in want], [(p, f.hex()) for p, f in got]))
         assert not mismatches, mismatches
         assert await _counters(ce, sch) == await _counters(cb, sch)
+
+
+async def _echo(c: Client, sch: object, nonce: int) -> p4r.PacketIn:
+    """Send limiter.p4's clock echo through client `c`; the PacketIn that comes back."""
+    from corpus_cases import packet_out, stream_request
+
+    assert isinstance(sch, P4Schema)
+    c.requests.put_nowait(stream_request(packet_out(sch, b"", nonce=nonce.to_bytes(8, "big"))))
+    while True:
+        msg = await asyncio.wait_for(c.responses.get(), 10)
+        if msg.HasField("packet"):
+            return msg.packet
+
+
+async def test_the_clock_echo_comes_back_alike_from_both(in_process_target: tuple[Device, grpc.aio.Channel]) -> None:
+    # limiter.p4's clock echo (how the control plane places lease deadlines on a DPU's clock): the
+    # nonce and the DPU's ingress timestamp come back as PacketIn metadata, and nothing leaves a port.
+    device, emb_channel = in_process_target
+    device.cpu_port = CPU_PORT
+    with bmv2_switch((0, 1), cpu_port=CPU_PORT) as sw:
+        async with grpc.aio.insecure_channel(sw.address) as bmv2_channel:
+            echoes = []
+            for channel in (bmv2_channel, emb_channel):
+                c = await connect(channel, 5)
+                await c.responses.get()
+                sch = await program_limiter(c, rate_bytes_s=1, burst=3000)
+                first, second = await _echo(c, sch, 0x0123456789ABCDEF), await _echo(c, sch, 7)
+                echoes.append((first, second))
+            outputs = await asyncio.to_thread(sw.collect, 0.3)  # nothing of the echoes left a port
+    for first, second in echoes:
+        meta = [{m.metadata_id: int.from_bytes(m.value, "big") for m in p.metadata} for p in (first, second)]
+        assert [m[1] for m in meta] == [0x0123456789ABCDEF, 7]
+        assert 0 <= meta[0][2] <= meta[1][2] < 1 << 48  # the DPU's clock, in microseconds
+        assert first.payload == second.payload == b""
+    assert outputs == []

@@ -42,7 +42,7 @@ def test_a_pod_uplink_exempts_nothing_and_a_node_only_its_pod_mates() -> None:
 @pytest.mark.parametrize("mode", ["rate", "window"])
 def test_data_and_arp_meters_together_never_pass_more_than_the_cap(mode: str) -> None:
     cap = Cap(8e6, 24e6, 2.0, 400_000, mode=mode)
-    intent = dp.intent_for(node("n1", MACS[0]), POD, cap, lease=(1, 10**7))
+    intent = dp.intent_for(node("n1", MACS[0]), POD, cap, lease=dp.Lease(1, 10.0, 10**7))
     for direction, cell in dp.CELLS.items():
         rate = getattr(cap, f"{direction}_bps")
         arp = intent.meters[dp.ARP_CELLS + cell]
@@ -61,7 +61,7 @@ def test_data_and_arp_meters_together_never_pass_more_than_the_cap(mode: str) ->
 
 
 def test_a_share_smaller_than_arp_allowance_gives_the_data_meter_nothing() -> None:
-    intent = dp.intent_for(node("n1", MACS[0]), POD, Cap(4000, 4000, 1.0, 300), lease=(1, 10**7))
+    intent = dp.intent_for(node("n1", MACS[0]), POD, Cap(4000, 4000, 1.0, 300), lease=dp.Lease(1, 10.0, 10**7))
     assert intent.meters[0].cir == 0 and intent.meters[dp.ARP_CELLS].cir == 500
     assert intent.meters[0].cburst == 0 and intent.meters[dp.ARP_CELLS].cburst == 300
 

@@ -1,6 +1,7 @@
 """Leases: metered traffic crosses only while the DPU holds a lease the control plane keeps renewing.
-When the control plane is gone for longer than the lease, the DPU falls to its floor by itself (its
-pipeline checks the time), and comes back when a control plane renews it."""
+A lease ends at a deadline on the DPU's own clock, which the control plane reads through a clock
+echo (limiter.p4): when the control plane is gone for longer than the lease, the DPU falls to its
+floor by itself, idle or not, and comes back when a control plane renews it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from finsy.proto import p4r
 from conftest import register
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.units import CPU_PORT
 from p4rt_helpers import A_HOST, B_HOST, lease_entry, schema, udp
 from p4sim.clock import VirtualClock
 from p4sim.externs import Clock
@@ -29,7 +31,7 @@ OUT = udp(A_HOST, B_HOST)  # pod a to pod b: metered egress, port 0 -> 1
 @contextlib.asynccontextmanager
 async def dpu(clock: Clock) -> AsyncIterator[tuple[Device, str]]:
     """An in-process embedded target on `clock`, served on loopback."""
-    device = Device(1, clock)
+    device = Device(1, clock, cpu_port=CPU_PORT)
     server = grpc.aio.server()
     add_to_server(server, device)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -68,27 +70,52 @@ async def lease_bytes(c: LimiterClient) -> int:
     return usage["egress"].lease_bytes
 
 
-async def test_a_lease_lapses_in_the_data_plane_and_renewal_brings_it_back(tmp_path: Path) -> None:
+def deadline(device: Device) -> int:
+    """The deadline of the lease the DPU holds, on its own clock (us)."""
+    assert device.pipeline is not None
+    read = lease_entry(schema(), 0, 0)
+    [entity] = device.pipeline.read(read)
+    [param] = [p for p in entity.table_entry.action.action.params if p.param_id == 2]  # lease(gen, deadline)
+    return int.from_bytes(param.value, "big")
+
+
+async def test_a_lease_ends_at_its_deadline_on_the_dpus_clock_and_renewal_moves_it(tmp_path: Path) -> None:
+    # The DPU's clock is virtual: it stands still while the control plane reads it and writes the lease.
     clock = VirtualClock()
+    clock.us = 7_000_000
     async with dpu(clock) as (device, addr), plane_for(tmp_path / "state.db", addr, 2.0, False) as (plane, c):
-        clock.us = 500_000
-        assert passes(device)  # the first packet latches the lease: valid until 2.5 s
-        clock.us = 2_499_000
+        # Issued when the control plane started and placed on the DPU's clock when it connected: the
+        # deadline is the issue plus 2 s, less however long connecting took, and never later.
+        end = deadline(device)
+        assert 7_000_000 < end <= 9_000_000
+        clock.us = end - 1
         assert passes(device)
         # Nobody renewed it (as if the control plane were gone): the pipeline drops and counts.
-        clock.us = 2_500_000
+        clock.us = end
         assert not passes(device)
         assert await lease_bytes(c) == len(OUT)
-        # A renewal: a new generation, latched by the next packet.
+        # A renewal: a new generation, issued now, ending 2 s from now on the DPU's clock.
         service = plane.service
         tickets = service.renew_leases()
         assert await service.agents["dpu-a"].wait_applied(tickets["dpu-a"], 30)
-        clock.us = 2_600_000
+        renewed = deadline(device)
+        assert end < renewed <= end + 2_000_000
+        clock.us = renewed - 1
         assert passes(device)
-        clock.us = 4_599_000
-        assert passes(device)
-        clock.us = 4_600_000
+        clock.us = renewed
         assert not passes(device)
+
+
+async def test_an_idle_dpus_lease_ends_at_its_deadline_however_late_its_first_packet(tmp_path: Path) -> None:
+    # No packet crosses until long after the lease was written: the lease does not start with the
+    # first packet (an idle DPU cut off from the control plane would keep its old share forever).
+    clock = VirtualClock()
+    async with dpu(clock) as (device, addr), plane_for(tmp_path / "state.db", addr, 2.0, False) as (_, c):
+        clock.us = deadline(device)
+        assert not passes(device)
+        clock.us += 60_000_000
+        assert not passes(device)
+        assert await lease_bytes(c) == 2 * len(OUT)
 
 
 async def test_the_control_plane_gone_past_its_lease_leaves_the_floor(tmp_path: Path) -> None:
@@ -98,9 +125,8 @@ async def test_the_control_plane_gone_past_its_lease_leaves_the_floor(tmp_path: 
             for _ in range(6):
                 assert passes(device)
                 await asyncio.sleep(0.5)
-        # The control plane is gone (killed, or cut off). Its last renewal may not have been seen by a
-        # packet yet: the next packet latches it, and one lease later the DPU lets nothing out.
-        passes(device)
+        # The control plane is gone (killed, or cut off): its last lease was issued before it went,
+        # and ends 1.5 s after that on the DPU's clock, whether or not a packet used it.
         await asyncio.sleep(1.6)
         assert not passes(device)
         assert not passes(device)
@@ -126,7 +152,7 @@ async def test_a_held_lease_is_not_rewritten_and_a_changed_one_is_drift(tmp_path
 async def test_status_shows_each_dpus_lease_and_when_it_lapses(tmp_path: Path) -> None:
     from conftest import cli
 
-    device = Device(1)
+    device = Device(1, cpu_port=CPU_PORT)
     server = grpc.aio.server()
     add_to_server(server, device)
     port = server.add_insecure_port("127.0.0.1:0")

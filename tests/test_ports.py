@@ -112,8 +112,8 @@ async def test_packet_out_and_packet_in_through_the_cpu_port(veths: dict[int, tu
     from corpus_cases import CPU_PORT, eth, ins, packet_out, pipeline, schema, stream_messages, stream_request
 
     port = free_port()
-    options = ["-i", f"0@{veths[0][0]}", "-i", f"1@{veths[1][0]}", "--cpu-port", str(CPU_PORT)]
-    target = start_embedded(port, tmp_path / "t.log", options)
+    options = ["-i", f"0@{veths[0][0]}", "-i", f"1@{veths[1][0]}"]
+    target = start_embedded(port, tmp_path / "t.log", options, cpu_port=CPU_PORT)
     tx, rx = _socket(veths[0][1]), _socket(veths[1][1])
     sch = schema("packet_io")
     try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from dpu_limiter.units import MAX_FRAME_BYTES
+from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from p4sim.firmware import Firmware, FirmwareClient
 
 from .bmv2_firmware import Bmv2Firmware
@@ -89,7 +89,19 @@ def target_command(
         exe = [sys.executable, "-m", "p4sim.main", *(["--firmware-socket", str(firmware)] if firmware else [])]
     else:
         exe = [bmv2_path(), *bmv2_options(thrift_port)]
-    return [*exe, "--device-id", str(device_id), *ifs, "--no-p4", "--", "--grpc-server-addr", grpc_addr]
+    # The limiter reads each DPU's clock through packet I/O on its CPU port (limiter.p4's clock echo).
+    return [
+        *exe,
+        "--device-id",
+        str(device_id),
+        *ifs,
+        "--no-p4",
+        "--",
+        "--grpc-server-addr",
+        grpc_addr,
+        "--cpu-port",
+        str(CPU_PORT),
+    ]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
-from dpu_limiter.units import MAX_FRAME_BYTES
+from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from p4sim.clock import VirtualClock
 from p4sim.firmware import LocalFirmware
 from p4sim.server import Device, add_to_server
@@ -151,7 +151,7 @@ class VirtualLabRun:
         )
         try:
             for name, role, pod_name in limiters_of(sc):
-                device = Device(len(devices) + 1, clock)
+                device = Device(len(devices) + 1, clock, cpu_port=CPU_PORT)
                 server = grpc.aio.server()
                 add_to_server(server, device)
                 port = server.add_insecure_port("127.0.0.1:0")

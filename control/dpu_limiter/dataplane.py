@@ -42,6 +42,11 @@ COLORS = {"green": 0, "yellow": 1, "red": 2, "window": 3, "lease": 4, "arp_red":
 TABLE_LEASE = "LimiterIngress.lease_cfg"
 ACTION_LEASE = "LimiterIngress.lease"
 MAX_LEASE_GEN = (1 << 32) - 1
+MAX_DEADLINE_US = (1 << 48) - 1  # lease deadlines are 48-bit microseconds on the DPU's clock
+# The clock echo (limiter.p4): a PacketOut with a nonce comes back as a PacketIn with the nonce and
+# the DPU's time. The target's CPU port must be units.CPU_PORT; no wire port may be.
+ECHO_NONCE = "nonce"
+ECHO_NOW = "now"
 
 # Unset cap: the meter still runs, at zero: only exempt traffic crosses (fail closed).
 FLOOR = MeterParams(cir=0, cburst=0, pir=0, pburst=0)
@@ -79,6 +84,16 @@ def limiter_program() -> ProgramFiles:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A lease: its generation, when it ends on the control plane's clock (seconds), and, once an
+    agent has read its DPU's clock, that same instant as a deadline on the DPU's clock (us)."""
+
+    gen: int
+    expires_at: float
+    deadline_us: int | None = None
+
+
+@dataclass(frozen=True)
 class Intent:
     """What one DPU must hold: meter configs per cell, exemption prefixes and boundary entries."""
 
@@ -86,7 +101,7 @@ class Intent:
     windows: dict[int, tuple[int, int]]  # cell -> (budget bytes, slot multiplier), window mode only
     prefixes: tuple[str, ...]
     boundary: tuple[tuple[int, int, int, int], ...]  # (ingress_port, egress_port, cell, inside)
-    lease: tuple[int, int] | None = None  # (generation, lifetime in microseconds); None: no lease, the floor
+    lease: Lease | None = None  # None: no lease, the floor
     peers: tuple[str, ...] = ()  # MACs of the pod's other nodes (node DPUs only): who is intra-pod
 
 
@@ -152,7 +167,7 @@ def intent_for(
     dpu: Dpu,
     pod: Pod | None,
     cap: Cap | None,
-    lease: tuple[int, int] | None = None,
+    lease: Lease | None = None,
     peers: tuple[str, ...] = (),
 ) -> Intent:
     """Desired data-plane state of `dpu` given its pod, the pod's cap (if any), its lease (if any)
@@ -226,13 +241,16 @@ def window_entities(intent: Intent) -> list[fy.P4TableEntry]:
     ]
 
 
-def lease_entity(intent: Intent) -> fy.P4TableEntry:
-    """lease_cfg's default action: the lease, or NoAction (none: metered traffic is dropped)."""
-    if intent.lease is None:
+def lease_entity(lease: Lease | None) -> fy.P4TableEntry:
+    """lease_cfg's default action: the lease until its deadline on the DPU's clock, or NoAction
+    (none: metered traffic is dropped)."""
+    if lease is None:
         action = fy.P4TableAction(ACTION_NO_ACTION)
     else:
-        gen, lifetime_us = intent.lease
-        action = fy.P4TableAction(ACTION_LEASE, gen=gen, lifetime=lifetime_us)
+        if lease.deadline_us is None:
+            raise ValueError(f"lease {lease.gen} has no deadline on the DPU's clock yet")
+        deadline = min(max(lease.deadline_us, 0), MAX_DEADLINE_US)
+        action = fy.P4TableAction(ACTION_LEASE, gen=lease.gen, deadline=deadline)
     return fy.P4TableEntry(TABLE_LEASE, action=action, is_default_action=True)
 
 
@@ -335,9 +353,9 @@ class Plan:
         meters open up, then the meters, then what lets traffic cross (exemptions and crossings;
         either order only ever meters more), and stale crossings and budgets go last, once the
         meters have tightened. The lease goes alone, after all of them: a DPU takes a new lease
-        generation only once it holds the rest of the intent that came with it, so a DPU that
-        cannot apply a smaller share keeps no lease granted after it, and falls to its floor within
-        one lifetime (the control plane lets a pod's other DPUs grow then).
+        only once it holds the rest of the intent that came with it, so a DPU that cannot apply a
+        smaller share keeps no lease granted after it, and falls to its floor when the deadline of
+        the last one granted before passes (the control plane lets a pod's other DPUs grow then).
         """
         ins, mod, dele = p4r.Update.INSERT, p4r.Update.MODIFY, p4r.Update.DELETE
 
@@ -385,7 +403,7 @@ class Codec:
         # One Read for the managed tables and the meter cells: what a reconcile diffs and confirms.
         self.reads = [e.encode(schema) for e in reads]
         self._tables_of: tuple[object, dict[str, dict[bytes, p4r.TableEntry]]] | None = None
-        self._lease_of: tuple[tuple[int, int] | None, p4r.TableEntry] | None = None
+        self._lease_of: tuple[Lease | None, p4r.TableEntry] | None = None
         self._seen: dict[bytes, tuple[bytes, p4r.TableEntry]] = {}  # read-back entry as sent -> _identified
 
     def tables(self, intent: Intent) -> dict[str, dict[bytes, p4r.TableEntry]]:
@@ -410,10 +428,14 @@ class Codec:
             )
         return self._tables_of[1]
 
-    def lease(self, intent: Intent) -> p4r.TableEntry:
-        """lease_cfg's default action for the intent's lease (encoded once per lease generation)."""
-        if self._lease_of is None or self._lease_of[0] != intent.lease:
-            self._lease_of = (intent.lease, lease_entity(intent).encode(self.schema).table_entry)
+    def lease(self, intent: Intent) -> p4r.TableEntry | None:
+        """lease_cfg's default action for the intent's lease (encoded once per lease); None for a
+        lease not yet placed on the DPU's clock (what the DPU holds is then left as it is)."""
+        lease = intent.lease
+        if lease is not None and lease.deadline_us is None:
+            return None
+        if self._lease_of is None or self._lease_of[0] != lease:
+            self._lease_of = (lease, lease_entity(lease).encode(self.schema).table_entry)
         return self._lease_of[1]
 
     def meter(self, cell: int, m: MeterParams) -> p4r.MeterEntry:
@@ -492,7 +514,7 @@ class Codec:
             set_windows=set_windows,
             modify_windows=modify_windows,
             meters=[self.meter(cell, intent.meters[cell]) for cell in cells],
-            lease=[] if held.lease == lease.action else [lease],
+            lease=[] if lease is None or held.lease == lease.action else [lease],
             insert_exemptions=inserts(TABLE_SRC_IN_POD) + inserts(TABLE_DST_IN_POD) + inserts(TABLE_PEERS),
             insert_boundary=inserts(TABLE_BOUNDARY),
             modify_boundary=modifies(TABLE_BOUNDARY),

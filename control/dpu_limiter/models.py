@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
-from .units import MAX_PI_BURST, UnitError, bps_to_bytes_per_s, check_burst, default_burst_bytes
+from .units import CPU_PORT, MAX_PI_BURST, UnitError, bps_to_bytes_per_s, check_burst, default_burst_bytes
 
 # \Z, not $: "$" also matches before a trailing newline, and "a\n" would pass for a second "a".
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?\Z")
@@ -225,8 +225,9 @@ class Dpu:
         check_name(f"{field_prefix}.pod", dpu.pod)
         for fname in ("host_port", "uplink_port"):
             port = getattr(dpu, fname)
-            if not 0 <= port < 511:
-                raise InvalidArgument(f"{field_prefix}.{fname}", port, "must be a data-plane port in 0..510")
+            if not 0 <= port < CPU_PORT:
+                why = f"must be a data-plane port in 0..{CPU_PORT - 1} ({CPU_PORT} is the CPU's)"
+                raise InvalidArgument(f"{field_prefix}.{fname}", port, why)
         if dpu.host_port == dpu.uplink_port:
             raise InvalidArgument(f"{field_prefix}.uplink_port", dpu.uplink_port, "must differ from host_port")
         if not 0 <= dpu.buffer_bytes <= MAX_PI_BURST:

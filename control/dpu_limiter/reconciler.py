@@ -17,7 +17,6 @@ Retries back off without a slot.
 from __future__ import annotations
 
 import asyncio
-import collections
 import copy
 import dataclasses
 import functools
@@ -25,9 +24,11 @@ import hashlib
 import logging
 import math
 import random
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import finsy as fy
 from finsy.grpcutil import GRPCCredentialsTLS, GRPCStatusCode
@@ -39,13 +40,20 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from . import dataplane as dp
 from .models import Dpu
 from .tls import TlsFiles
-from .units import MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, RESYNC_S
+from .units import (
+    CPU_PORT,
+    ECHO_TIMEOUT_S,
+    MAX_CLOCK_DRIFT,
+    MAX_INSTALLS,
+    MAX_RECONCILES,
+    PIPELINE_CHECK_S,
+    RESYNC_S,
+)
 
 LOG = logging.getLogger(__name__)
 
 ELECTION_ID = 1 << 40  # above any default controller's bid (finsy 10, p4runtime-shell 1)
 MAX_PASSES = 3  # write-and-read-back rounds in one reconcile before it counts as failed
-PASSES_KEPT = 8  # reconcile passes whose start and end an agent remembers (DpuAgent.passes_done)
 
 
 @dataclass(frozen=True)
@@ -169,9 +177,11 @@ class DpuAgent:
         self._task: asyncio.Task[None] | None = None
         self.created = time.monotonic()
         self.down_since = self.created  # when the agent last had no connection (started, or lost it)
-        # When the running reconcile took its intent (None: none running), and (took, ended) of the last few.
-        self._pass_since: float | None = None
-        self._passes: collections.deque[tuple[float, float]] = collections.deque(maxlen=PASSES_KEPT)
+        self._applied_source: dp.Intent | None = None  # the last intent applied, as intent_fn gave it
+        # The lease last placed on the DPU's clock and its deadline there (one clock read per lease);
+        # forgotten with the connection, since a restarted DPU's clock starts again.
+        self._placed: tuple[dp.Lease, int] | None = None
+        self._last_echo_us = -1  # the DPU's time at its last clock echo on this connection
 
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
@@ -212,24 +222,7 @@ class DpuAgent:
         generation all the same.
         """
         st = self.status
-        return st.converged and (st.generation_applied >= generation or self._applied_intent == self.intent_fn()[1])
-
-    def passes_done(self, before: float) -> float | None:
-        """When the last reconcile that took its intent before `before` (monotonic) ended: nothing this
-        agent writes after that comes from an intent older than `before`. None while one still runs.
-
-        Reconciles run one at a time, so that one ended before any later one began; with none since the
-        agent was made, this is when it was made (what an earlier agent or control plane wrote came
-        before that).
-        """
-        if self._pass_since is not None and self._pass_since <= before:
-            return None
-        ended = [end for took, end in self._passes if took <= before]
-        if ended:
-            return ended[-1]
-        if len(self._passes) == self._passes.maxlen:  # the one sought is forgotten: it ended before these
-            return self._passes[0][0]
-        return self.created
+        return st.converged and (st.generation_applied >= generation or self._applied_source == self.intent_fn()[1])
 
     async def _wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
         async def _wait() -> None:
@@ -260,13 +253,14 @@ class DpuAgent:
         self.status.primary = sw.is_primary
         self._held = None  # a new connection: the DPU may have restarted, read it afresh
         self.status.lease_generation = None  # and so may have lost its lease: vouch for none until read back
+        self._placed, self._last_echo_us = None, -1  # and its clock may have started again
         resync = False
         try:
             while True:
                 self._changed.clear()
                 try:
                     await self._reconcile_with_retries(sw, resync)
-                except (P4ClientError, DriftError) as exc:
+                except (P4ClientError, ReconcileError) as exc:
                     self.status.converged = False
                     self.status.last_error = str(exc)
                     LOG.warning("reconcile %s failed: %s", self.dpu.name, exc)
@@ -337,10 +331,10 @@ class DpuAgent:
             async with self.slots.reconciles:
                 await self.reconcile(sw, resync)
             return
-        except (P4ClientError, DriftError) as exc:
+        except (P4ClientError, ReconcileError) as exc:
             LOG.info("reconcile %s failed, retrying: %s", self.dpu.name, exc)
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((P4ClientError, DriftError)),
+            retry=retry_if_exception_type((P4ClientError, ReconcileError)),
             wait=wait_random_exponential(multiplier=0.05, max=2.0),
             stop=stop_after_attempt(3),
             reraise=True,
@@ -355,17 +349,18 @@ class DpuAgent:
         The diff starts from the last read-back (unless `resync`, or there is none): a change then
         costs one Write and one Read. Anything the read-back shows changed behind our back is drift,
         corrected in the same pass.
-        """
-        self._pass_since = time.monotonic()
-        try:
-            await self._reconcile(sw, resync)
-        finally:
-            self._passes.append((self._pass_since, time.monotonic()))
-            self._pass_since = None
 
-    async def _reconcile(self, sw: fy.Switch, resync: bool) -> None:
+        A lease is placed on the DPU's clock first (one clock echo per new lease). When the clock
+        cannot be read, the rest is written all the same, the DPU keeps the lease it holds (which
+        ends by itself), and the pass fails.
+        """
         ticket = self._poked
-        generation, intent = self.intent_fn()
+        generation, source = self.intent_fn()
+        intent, unplaced = source, None
+        try:
+            intent = await self._on_dpu_clock(sw, source)
+        except ClockError as exc:
+            unplaced = exc
         if self._codec is None or self._codec.schema is not sw.p4info:
             self._codec = dp.Codec(sw.p4info)
         codec = self._codec
@@ -400,14 +395,63 @@ class DpuAgent:
         else:
             raise DriftError(f"{self.dpu.name}: still differs after {MAX_PASSES} passes: {p.describe()}")
         self._held = held
+        if unplaced is not None:
+            raise unplaced
         self.status.converged = True
         self.status.last_error = ""
         self.status.generation_applied = generation
         self.applied = ticket
-        self._applied_intent = intent
+        self._applied_intent, self._applied_source = intent, source
         if intent.lease is not None:
-            self.status.lease_generation = intent.lease[0]
+            self.status.lease_generation = intent.lease.gen
         self._converged.set()
+
+    async def _on_dpu_clock(self, sw: fy.Switch, intent: dp.Intent) -> dp.Intent:
+        """`intent` with its lease's end placed on the DPU's clock as a deadline.
+
+        A clock echo read at the DPU's time v, sent at t0 and back at t1 on ours, was seen at some
+        t in [t0, t1]: the DPU's clock reads at least v + (T - t1) at our time T. So a deadline of
+        v + (expires_at - t1) (shortened by MAX_CLOCK_DRIFT, for a DPU clock that runs slow) passes
+        no later than expires_at on our clock, idle DPU or not: the bound a pod's other DPUs grow by.
+        """
+        lease = intent.lease
+        if lease is None:
+            return intent
+        if self._placed is None or self._placed[0] != lease:
+            now_us, t1 = await self.read_clock(sw)
+            ahead = max(0.0, lease.expires_at - t1) * (1 - MAX_CLOCK_DRIFT)
+            self._placed = (lease, now_us + int(ahead * 1e6))
+        return dataclasses.replace(intent, lease=dataclasses.replace(lease, deadline_us=self._placed[1]))
+
+    async def read_clock(self, sw: fy.Switch) -> tuple[int, float]:
+        """(the DPU's time in us, our monotonic time after its echo came back), through one clock
+        echo (limiter.p4: a PacketOut with a nonce comes back as a PacketIn with the DPU's time)."""
+        nonce = secrets.randbits(64)
+        packets = cast(AsyncGenerator[fy.P4PacketIn, None], sw.read_packets())  # an async generator: closable
+        waiting = asyncio.ensure_future(anext(packets))
+        try:
+            await asyncio.sleep(0)  # the reader's queue is open before the echo can come back
+            await sw.write([fy.P4PacketOut(b"", **{dp.ECHO_NONCE: nonce})])
+            async with asyncio.timeout(ECHO_TIMEOUT_S):
+                while (pkt := await waiting)[dp.ECHO_NONCE] != nonce:
+                    waiting = asyncio.ensure_future(anext(packets))
+        except TimeoutError:
+            raise ClockError(
+                f"{self.dpu.name}: no clock echo within {ECHO_TIMEOUT_S:g} s (is its target started with "
+                f"its CPU port at {CPU_PORT}, e.g. simple_switch_grpc --cpu-port {CPU_PORT}?): "
+                "it keeps the lease it holds until that ends"
+            ) from None
+        finally:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            await packets.aclose()
+        t1 = time.monotonic()
+        now_us = int(pkt[dp.ECHO_NOW])
+        if now_us < self._last_echo_us:
+            self._placed = None
+            raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")
+        self._last_echo_us = now_us
+        return now_us, t1
 
     async def _read_back(self, sw: fy.Switch, codec: dp.Codec) -> dp.Held:
         # The raw read (finsy's client) skips decoding to finsy entities only to encode them again.
@@ -433,6 +477,7 @@ class DpuAgent:
             await self.switch._set_pipeline_config_request(config=config)
         self._applied_intent = None  # what we wrote is gone with the old pipeline: not drift, a restore
         self._held = None
+        self._placed, self._last_echo_us = None, -1  # firmware that swaps pipelines may restart the clock
 
     async def read_usage(self) -> dict[str, dict[str, tuple[int, int]]]:
         """Counter cells by direction: {direction: {name: (packets, bytes)}}."""
@@ -466,5 +511,13 @@ UNREADABLE = frozenset({GRPCStatusCode.INTERNAL, GRPCStatusCode.UNKNOWN})
 TRANSIENT = frozenset({GRPCStatusCode.UNAVAILABLE, GRPCStatusCode.DEADLINE_EXCEEDED, GRPCStatusCode.CANCELLED})
 
 
-class DriftError(Exception):
+class ReconcileError(Exception):
+    """A reconcile that could not bring its DPU to the intent (besides P4Runtime errors)."""
+
+
+class DriftError(ReconcileError):
     """Read-back state differs from what was just written."""
+
+
+class ClockError(ReconcileError):
+    """The DPU's clock could not be read, so no new lease can be placed on it."""

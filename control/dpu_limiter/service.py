@@ -9,6 +9,7 @@ import functools
 import gc
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -72,6 +73,7 @@ LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals ev
 # A large write's follow-up work is done this many objects (agents made or started, pods reshared) at a
 # time, yielding to the event loop in between, so that reads and lease renewals are answered meanwhile.
 BATCH = 256
+RECHECK_S = 1.0  # how often a wait for a silent DPU's old lease to end looks again
 START_BATCH = 64  # agents whose connections are opened at once (each costs the loop ~0.15 ms)
 # Agents made or started between two freezes of the heap (see _freeze_heap).
 FREEZE_EVERY = 1024
@@ -102,7 +104,8 @@ class LimiterService:
         # generation (seeded at random, so a restarted control plane never repeats the last one).
         self.lease_s = lease_s
         self.lease_gen = secrets.randbits(32)
-        # When each recent generation was issued: a DPU can only latch it (start its lifetime) later.
+        # When each recent generation was issued: it ends one lifetime later on every DPU, whenever
+        # written (agents place that instant on each DPU's clock).
         self._lease_issued: dict[int, float] = {self.lease_gen: time.monotonic()}
         # Worked out once per state: each pod's node MACs (its inventory) and its DPUs' names.
         self._index: tuple[DesiredState | None, dict[str, tuple[str, ...]], dict[str, list[str]]] = (None, {}, {})
@@ -131,6 +134,7 @@ class LimiterService:
         self._samples: dict[str, tuple[float, int, int]] = {}
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
+        self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
         self.rebalance_interval_s = rebalance_interval_s
         self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
@@ -173,7 +177,7 @@ class LimiterService:
         def intent() -> tuple[int, dp.Intent]:
             st = self.state
             cap = self.shares.get(dpu.name)
-            lease = (self.lease_gen, round(self.lease_s * 1e6))
+            lease = dp.Lease(self.lease_gen, self._lease_issued[self.lease_gen] + self.lease_s)
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease, self._peers(dpu.pod))
 
         agent = DpuAgent(
@@ -306,6 +310,8 @@ class LimiterService:
         """Grant shares and poke their DPUs; returns tickets to wait on (none if nothing changes)."""
         if all(self.shares.get(n) == c for n, c in grants.items()):
             return {}
+        now = time.monotonic()
+        self._granted_at.update((n, now) for n, c in grants.items() if self.shares.get(n) != c)
         self.shares.update(grants)
         tickets = {n: self.agents[n].poke() for n in grants if n in self.agents}
         self._unconfirmed.update(tickets)
@@ -330,18 +336,42 @@ class LimiterService:
                 ok = False
         return ok
 
+    def lapse_at(self, name: str) -> float:
+        """When a DPU that has not confirmed its latest grant holds no lease that came with an earlier one.
+
+        An intent taken before the grant carries a lease generation issued before it, and a lease
+        ends at its generation's issue plus the lifetime on the DPU's own clock (limiter.p4's
+        deadline, placed by the agent), whenever it was written and whether or not a packet used it.
+        Intents taken since carry the granted share.
+        """
+        return self._granted_at.get(name, -math.inf) + self.lease_s
+
     async def _held_back(self, pod: str, tickets: dict[str, int], step_timeout: float) -> None:
-        """Wait until every ticketed DPU still here has confirmed (read back) its grant. A DPU that
-        cannot confirm holds growth back for as long as that lasts: its lease is no bound, since an idle
-        DPU starts a lease's lifetime at its first packet, which may come at any time later (an
-        operator's red team passed 25 % over a cap through a cut-off idle DPU when growth went ahead
-        one lease after its last write). One DPU at a time: no task per DPU."""
+        """Wait until no ticketed DPU can pass more than it is granted now: each has confirmed (read back)
+        its grant, or every lease it held under an earlier one has ended (a dead DPU, or one cut off,
+        holds growth back for one lease at most, never less). One DPU at a time: no task per DPU."""
         for name, ticket in tickets.items():
+            waited = 0.0
             while (agent := self.agents.get(name)) is not None:
-                if await agent.wait_applied(ticket, step_timeout):
+                if agent.applied >= ticket:
                     self._confirm(name, ticket)
                     break
-                LOG.warning("pod %s: %s has not confirmed its smaller share yet; not growing any", pod, name)
+                lapse, now = self.lapse_at(name), time.monotonic()
+                if now >= lapse:
+                    LOG.warning(
+                        "pod %s: %s has not confirmed its share, but its earlier lease has ended: the others may grow",
+                        pod,
+                        name,
+                    )
+                    break
+                if waited >= step_timeout:
+                    LOG.warning("pod %s: %s has not confirmed its smaller share yet; not growing any", pod, name)
+                    waited = 0.0
+                wait = min(step_timeout - waited, RECHECK_S, lapse - now)
+                if await agent.wait_applied(ticket, wait):
+                    self._confirm(name, ticket)
+                    break
+                waited += wait
 
     def _layers(self, pod: str) -> list[list[str]]:
         """The pod's DPUs by role: each list one layer of parallel devices sharing the cap."""
@@ -520,6 +550,7 @@ class LimiterService:
             self.shares.pop(c.name, None)
             self._samples.pop(c.name, None)
             self._unconfirmed.pop(c.name, None)
+            self._granted_at.pop(c.name, None)
             pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
             if isinstance(c.after, Dpu):
                 self._start_agent(c.after)
@@ -651,9 +682,8 @@ class LimiterService:
     def lease(self, name: str) -> LeaseView:
         """A DPU's lease as the control plane last confirmed it.
 
-        A DPU starts a generation's lifetime when its first packet sees it, which is after the
-        control plane issued it: counted from the issue, "held" and "renewing" never outlast the
-        DPU's own lease (a lease rewritten after a restart may outlast "lapsed" a little).
+        A generation ends one lifetime after it was issued, on the DPU's own clock (its deadline):
+        "lapsed" here is when the DPU drops metered traffic, within the clock echo's round trip.
         """
         return self.lease_view(name, self.agents[name].status.lease_generation)
 
@@ -662,15 +692,14 @@ class LimiterService:
         GetStatus builds its rows off the event loop, where agents may come and go meanwhile)."""
         # What the agent's intent holds (dataplane.intent_for: a lease only with a share), without
         # working out the whole intent: GetStatus asks this of every DPU of the fleet.
-        current = None if self.shares.get(name) is None else (self.lease_gen, round(self.lease_s * 1e6))
-        if current is None:
+        if self.shares.get(name) is None:
             return LeaseView("none", 0, 0.0, 0.0)
-        lifetime = current[1] / 1e6
+        lifetime = self.lease_s
         issued = self._lease_issued.get(gen) if gen is not None else None
         if gen is None or issued is None:  # never confirmed, or long ago
             return LeaseView("lapsed", gen or 0, 0.0, lifetime)
         age = time.monotonic() - issued
-        state = "lapsed" if age >= lifetime else "held" if gen == current[0] else "renewing"
+        state = "lapsed" if age >= lifetime else "held" if gen == self.lease_gen else "renewing"
         return LeaseView(state, gen, age, lifetime)
 
 

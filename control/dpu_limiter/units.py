@@ -31,6 +31,12 @@ ARP_RATE_BPS = 8_000.0
 ARP_BURST_BYTES = 600
 # Default lease lifetime: a DPU out of touch with the control plane this long falls to its floor.
 DEFAULT_LEASE_S = 30.0
+# How much slower than the control plane's a DPU's clock may run (a crystal's tolerance, with room):
+# a lease's deadline on the DPU's clock is placed this much early, so that it never ends later than
+# the control plane counts on.
+MAX_CLOCK_DRIFT = 1e-4
+ECHO_TIMEOUT_S = 5.0  # how long an agent waits for its DPU's clock echo
+CPU_PORT = 510  # the limiter's CPU port (limiter.p4): PacketOuts enter, PacketIns leave there
 PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)
 RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
 MAX_INSTALLS = 16  # pipelines pushed at once (each sends the whole device config, which the DPU loads)

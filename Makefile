@@ -1,4 +1,5 @@
-# Developer targets. Tests and the lab need only `pip install .`; p4c is needed only to recompile p4/.
+# Developer targets. The control plane needs only `pip install .`, the lab `pip install '.[lab]'`, the tests
+# `pip install '.[test]'`; p4c is needed only to recompile p4/.
 P4C ?= p4c-bm2-ss
 P4_SOURCES := $(wildcard p4/*.p4)
 

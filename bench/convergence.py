@@ -67,8 +67,8 @@ from grpc.aio import UnaryStreamMultiCallable, UnaryUnaryMultiCallable
 from targets_host import ECHO_SERVICE
 
 from dpu_limiter import dataplane as dp
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Dpu, Role
 from dpu_limiter.reconciler import DpuAgent
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import MeterParams
@@ -113,17 +113,7 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
             t0 = time.monotonic()
             await c.apply_pod("a", ["10.0.1.0/24"])
             for i, addr in enumerate(addresses):
-                await c.register_dpu(
-                    pb.Dpu(
-                        name=f"dpu-{i}",
-                        p4runtime_address=addr,
-                        device_id=1,
-                        pod="a",
-                        role=pb.DPU_ROLE_POD_UPLINK,
-                        host_port=0,
-                        uplink_port=1,
-                    )
-                )
+                await c.register_dpu(Dpu(f"dpu-{i}", addr, 1, "a", Role.POD_UPLINK, host_port=0, uplink_port=1))
             # The N DPUs are parallel devices of one pod: each holds an equal share of its cap.
             await c.set_pod_cap("a", n * 0.5e9, n * 0.5e9, 60.0, n * BURST_PER_DPU)
             await c.wait_converged(timeout=600)

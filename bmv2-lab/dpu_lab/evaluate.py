@@ -11,8 +11,8 @@ from typing import Literal
 
 import numpy as np
 
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
-from dpu_limiter.client import LimiterClient
+from dpu_limiter.client import LimiterClient, as_dict
+from dpu_limiter.models import Cap, Dpu, Role
 from dpu_limiter.units import allowed_window_bytes
 
 from . import boundary, measure
@@ -26,7 +26,7 @@ Series = tuple[float, float, list[int]]
 
 
 # A router's limiter is its cell's uplink.
-ROLES = {"pod-uplink": pb.DPU_ROLE_POD_UPLINK, "node": pb.DPU_ROLE_NODE, "router": pb.DPU_ROLE_POD_UPLINK}
+ROLES = {"pod-uplink": Role.POD_UPLINK, "node": Role.NODE, "router": Role.POD_UPLINK}
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
         await client.apply_pod(p.name, p.prefixes)
     for d in dpus:
         await client.register_dpu(
-            pb.Dpu(
+            Dpu(
                 name=d.name,
                 p4runtime_address=d.address,
                 device_id=d.device_id,
@@ -76,14 +76,9 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
 
 async def dpu_counters(addr: str) -> list[dict[str, object]]:
     """The DPUs' own usage counters at the end of a run, as JSON-ready rows."""
-    from google.protobuf import json_format
-
     async with LimiterClient(addr) as client:
         usage = await client.usage()
-    return [
-        json_format.MessageToDict(u, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        for u in usage.usage
-    ]
+    return [as_dict(u) for u in usage.usage]
 
 
 async def set_cap(client: LimiterClient, sc: Scenario, ev: EventSpec, wait: bool) -> None:
@@ -91,7 +86,7 @@ async def set_cap(client: LimiterClient, sc: Scenario, ev: EventSpec, wait: bool
     assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
     cap = sc.cap_of(ev.pod)
     assert cap is not None
-    await client.set_pod_cap(ev.pod, ev.egress, ev.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode)
+    await client.set_pod_cap(ev.pod, Cap(ev.egress, ev.ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode))
     if wait:
         await client.wait_converged(timeout=60)
 

@@ -15,6 +15,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Cap
 
 from .config import CapSpec, PodSpec, Scenario
 
@@ -70,7 +71,7 @@ async def apply_pods(client: LimiterClient, pods: list[ControlPod]) -> None:
     for p in pods:
         if p.cap is not None:
             c = p.cap
-            await client.set_pod_cap(p.name, c.egress, c.ingress, c.window_s, c.burst_bytes, c.rebalance, c.mode)
+            await client.set_pod_cap(p.name, Cap(c.egress, c.ingress, c.window_s, c.burst_bytes, c.rebalance, c.mode))
 
 
 async def reroute(client: LimiterClient, sc: Scenario, old: dict[str, str], new: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
 """`dpu-limiter`: the command line for operators, researchers and CI.
 
-dpu-limiter lab run SCENARIO --out DIR [--target embedded|bmv2]
+dpu-limiter lab run SCENARIO --out DIR [--target embedded|bmv2]     (with the lab installed: dpu_lab.cli)
 dpu-limiter serve [--db PATH] [--listen ADDR]
 dpu-limiter target -i 0@IF0 -i 1@IF1 --device-id N --no-p4 -- --grpc-server-addr ADDR
 dpu-limiter cap set POD --egress 1G --ingress 1G --window 60 [--burst BYTES]
@@ -13,11 +13,11 @@ import argparse
 import asyncio
 import json
 import logging
-import shutil
 import sqlite3
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +26,29 @@ import grpc
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from dpu_lab.config import Scenario
-
-    from ._proto.limiter.v1 import limiter_pb2 as pb
-    from .client import LimiterClient
+    from .client import LimiterClient, UsageSample, Written
 
 from .units import DEFAULT_LEASE_S, MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, RESYNC_S
 
 DEFAULT_SERVER = "127.0.0.1:50100"
+# Commands of other packages (the lab's `lab`): each entry point of this group names a function that
+# takes the subcommands (argparse's add_subparsers()) and adds its own, each with
+# `set_defaults(handler=FUNCTION)`: FUNCTION(args) runs the command and returns its exit status. It
+# imports only what building its parsers needs; what the commands run, it imports when they run.
+PLUGIN_GROUP = "dpu_limiter.cli"
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _add_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Let every installed package of PLUGIN_GROUP add its commands (in the order of their names); one
+    that cannot be loaded is left out, saying so, and the others work."""
+    for ep in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+        try:
+            add_commands = ep.load()
+        except ImportError as exc:
+            print(f"dpu-limiter: the commands of {ep.value} are not available: {exc}", file=sys.stderr)
+            continue
+        add_commands(sub)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,63 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    lab = sub.add_parser("lab", help="the emulation lab").add_subparsers(
-        dest="lab_cmd", required=True, metavar="LAB_COMMAND"
-    )
-    run = lab.add_parser(
-        "run",
-        help="run a scenario and write report.json, throughput.png, summary.md",
-        description="Build the scenario's network in namespaces, start one P4 target per limiter "
-        "and the control plane, apply the caps through its API, drive the traffic, measure at the "
-        "receivers, write the report, and remove everything it made. Needs root.",
-    )
-    run.add_argument("scenario", type=Path, help="scenario YAML (e.g. bmv2-lab/scenarios/two-pods.yaml)")
-    run.add_argument("--out", type=Path, required=True, help="output folder")
-    run.add_argument(
-        "--target",
-        choices=["embedded", "bmv2"],
-        default="embedded",
-        help="P4 target per limiter: the embedded target (default) or simple_switch_grpc",
-    )
-    run.add_argument(
-        "--time",
-        choices=["real", "virtual"],
-        default="real",
-        help="real time on network namespaces (default, needs root), or virtual time: a simulated network "
-        "around embedded targets on one simulated clock (UDP flows only, for now)",
-    )
-    run.add_argument(
-        "--segment-bytes",
-        type=int,
-        metavar="N",
-        help="with --time virtual: send UDP payload segments of N bytes (as TSO does) instead of the flows' size",
-    )
-    sweep = lab.add_parser(
-        "sweep",
-        help="run a scenario over a grid (caps x placements x attacks) in virtual time; write sweep.csv, sweep.png",
-        description="Run every point of a sweep file (bmv2-lab/dpu_lab/sweep.py) in virtual time, in parallel "
-        "processes, each with its own report folder under --out, then one table and one figure.",
-    )
-    sweep.add_argument("sweep", type=Path, help="sweep YAML (e.g. bmv2-lab/sweeps/attacks.yaml)")
-    sweep.add_argument("--out", type=Path, required=True, help="output folder")
-    sweep.add_argument("--jobs", type=int, default=None, help="parallel runs (default: one per core)")
-    run.add_argument(
-        "--no-calibrate",
-        action="store_true",
-        help="real time: skip measuring first what the target carries here (and refusing a scenario it cannot carry)",
-    )
-    run.add_argument(
-        "--rescale",
-        action="store_true",
-        help="real time: scale every rate and burst down to what calibration found the target carries, "
-        "rather than refuse (the report says by how much)",
-    )
-    run.add_argument(
-        "--traffic",
-        choices=["auto", "iperf3", "builtin"],
-        default="auto",
-        help="traffic generator: iperf3 where installed (auto, the default), else the built-in one",
-    )
+    _add_plugins(sub)  # the lab's `lab` (dpu_lab.cli), when it is installed
 
     serve = sub.add_parser("serve", help="run the control plane's gRPC API")
     serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
@@ -257,8 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return target_main(args_in[1:], prog="dpu-limiter target")
     args = _parser().parse_args(args_in)
-    if args.cmd == "lab":
-        return _lab_sweep(args) if args.lab_cmd == "sweep" else _lab_run(args)
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is not None:  # a plugin's command
+        return handler(args)
     if args.cmd == "audit":
         return _audit(args)
     if args.cmd == "certs":
@@ -343,59 +303,6 @@ def _check_listen(flag: str, value: str) -> None:
         raise ValueError(f"{flag}: must be host:port with a port in 0..65535 (got {value!r})")
 
 
-def _lab_sweep(args: argparse.Namespace) -> int:
-    from dpu_lab.config import ConfigError
-    from dpu_lab.sweep import run_sweep
-
-    if args.jobs is not None and args.jobs < 1:
-        print(f"dpu-limiter: --jobs: must be >= 1 (got {args.jobs})", file=sys.stderr)
-        return 2
-    try:
-        rows = run_sweep(args.sweep, args.out, args.jobs)
-    except ConfigError as exc:
-        print(f"dpu-limiter: {exc}", file=sys.stderr)
-        return 2
-    held = sum(1 for r in rows if r["compliant"])
-    print(f"{len(rows)} runs, cap held in {held}; {args.out / 'sweep.csv'}, {args.out / 'sweep.png'}")
-    return 0
-
-
-def _lab_run(args: argparse.Namespace) -> int:
-    from dpu_lab.calibrate import CalibrationError
-    from dpu_lab.config import ConfigError, load_scenario
-    from dpu_lab.netns import NetError
-    from dpu_lab.runner import LabRun, default_traffic
-    from dpu_lab.targets import TargetError
-
-    try:
-        scenario = load_scenario(args.scenario)
-    except ConfigError as exc:
-        print(f"dpu-limiter: {exc}", file=sys.stderr)
-        return 2
-    if args.time == "virtual":
-        return _lab_run_virtual(args, scenario)
-    try:
-        traffic = default_traffic() if args.traffic == "auto" else args.traffic
-        if traffic == "iperf3" and not shutil.which("iperf3"):
-            print(
-                "dpu-limiter: --traffic iperf3 needs iperf3 on PATH (Debian: apt-get install iperf3)", file=sys.stderr
-            )
-            return 2
-        report = LabRun(
-            scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate, rescale=args.rescale
-        ).run()
-    except CalibrationError as exc:
-        print(f"dpu-limiter: calibration: {exc}", file=sys.stderr)
-        return 2
-    except (NetError, TargetError, TimeoutError, RuntimeError) as exc:
-        print(f"dpu-limiter: lab run failed: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("dpu-limiter: interrupted; everything the run created was removed", file=sys.stderr)
-        return 130
-    return 0 if report.cap_held else 3
-
-
 def _certs(args: argparse.Namespace) -> int:
     from . import tls
 
@@ -460,31 +367,9 @@ def _audit(args: argparse.Namespace) -> int:
     return 0 if verdict.ok else 1
 
 
-def _lab_run_virtual(args: argparse.Namespace, scenario: Scenario) -> int:
-    from dpu_lab.config import ConfigError
-    from dpu_lab.virtual import VirtualLabRun
-
-    if args.target != "embedded":
-        print(
-            "dpu-limiter: --time virtual runs on the embedded target only (bmv2 has no virtual clock)", file=sys.stderr
-        )
-        return 2
-    if args.segment_bytes is not None and not 18 <= args.segment_bytes <= 1 << 20:
-        print(f"dpu-limiter: --segment-bytes: must be 18..1048576 (got {args.segment_bytes})", file=sys.stderr)
-        return 2
-    try:
-        report = VirtualLabRun(scenario, args.out, args.segment_bytes).run()
-    except ConfigError as exc:
-        print(f"dpu-limiter: {exc}", file=sys.stderr)
-        return 2
-    return 0 if report.cap_held else 3
-
-
 async def _client_cmd(args: argparse.Namespace) -> int:
-    from google.protobuf import json_format
-
-    from .client import LimiterClient
-    from .convert import cap_mode
+    from .client import LimiterClient, PodCap, Status, Usage, as_dict
+    from .models import Cap
     from .tls import TlsFiles
     from .units import UnitError, parse_rate
 
@@ -508,7 +393,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
             window, mode, rebalance = args.window, args.mode, args.rebalance
             if None in (window, mode, rebalance):  # what is not given stays as the pod's cap has it
                 try:
-                    old: pb.Cap | None = (await c.get_pod_cap(args.pod)).cap
+                    old: Cap | None = (await c.get_pod_cap(args.pod)).cap
                 except grpc.aio.AioRpcError as err:
                     if err.code() != grpc.StatusCode.NOT_FOUND:
                         raise
@@ -518,16 +403,17 @@ async def _client_cmd(args: argparse.Namespace) -> int:
                     return 2
                 if old is not None:
                     window = old.window_s if window is None else window
-                    mode = cap_mode(old) if mode is None else mode
+                    mode = old.mode if mode is None else mode
                     rebalance = old.rebalance if rebalance is None else rebalance
-            msg = await c.set_pod_cap(args.pod, egress, ingress, window, args.burst, bool(rebalance), mode or "rate")
+            cap = Cap(egress, ingress, window, args.burst, bool(rebalance), mode or "rate")
+            msg: PodCap | Usage | Status = await c.set_pod_cap(args.pod, cap)
         elif args.cmd == "cap":
             msg = await c.get_pod_cap(args.pod)
         elif args.cmd == "usage":
             msg = await c.usage(args.pod, args.per_dpu)
         else:
             msg = await c.status()
-    doc = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    doc = as_dict(msg)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -536,7 +422,6 @@ async def _client_cmd(args: argparse.Namespace) -> int:
 
 
 async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
-    from .apply import apply_request
     from .manifest import ManifestError, load_manifest
 
     try:
@@ -545,7 +430,7 @@ async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2
     try:
-        written = await c.stub.Apply(apply_request(manifest, args.dry_run))
+        written = await c.apply(manifest.pods, manifest.dpus, manifest.caps, manifest.routers, dry_run=args.dry_run)
     except grpc.aio.AioRpcError as exc:  # nothing of the file was stored
         print(f"dpu-limiter: {args.file}: {exc.code().name}: {exc.details()}; nothing applied", file=sys.stderr)
         return 1
@@ -554,26 +439,39 @@ async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
 
 
 async def _delete(c: LimiterClient, args: argparse.Namespace) -> int:
-    from ._proto.limiter.v1 import limiter_pb2 as api_pb
-    from .apply import delete_request
     from .manifest import ManifestError, load_manifest
 
     if (args.file is None) == (args.kind is None) or (args.kind is not None and not args.names):
         print("dpu-limiter: delete: give either -f FILE or a kind (pod, dpu, cap, router) and names", file=sys.stderr)
         return 2
+    names: dict[str, list[str]]  # by kind: pods, dpus, caps, routers
     if args.file is not None:
         try:
-            request = delete_request(load_manifest(args.file), args.dry_run, args.ignore_not_found)
+            m = load_manifest(args.file)
         except ManifestError as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 2
+        # Everything the file names: its routers, caps, DPUs and pods (with their caps).
+        names = {
+            "pods": [p.name for p in m.pods],
+            "dpus": [d.name for d in m.dpus],
+            "caps": list(m.caps),
+            "routers": [r.name for r in m.routers],
+        }
         title = str(args.file)
     else:
         kind = args.kind.rstrip("s") + "s"
-        request = api_pb.DeleteRequest(dry_run=args.dry_run, missing_ok=args.ignore_not_found, **{kind: args.names})
+        names = {kind: args.names}
         title = f"{kind} {', '.join(args.names)}"
     try:
-        written = await c.stub.Delete(request)
+        written = await c.delete(
+            names.get("pods", ()),
+            names.get("dpus", ()),
+            names.get("caps", ()),
+            names.get("routers", ()),
+            dry_run=args.dry_run,
+            missing_ok=args.ignore_not_found,
+        )
     except grpc.aio.AioRpcError as exc:
         print(f"dpu-limiter: {title}: {exc.code().name}: {exc.details()}; nothing deleted", file=sys.stderr)
         return 1
@@ -581,15 +479,14 @@ async def _delete(c: LimiterClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_changes(written: pb.WriteResponse, title: str, args: argparse.Namespace) -> None:
-    from google.protobuf import json_format
+def _print_changes(written: Written, title: str, args: argparse.Namespace) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from .client import as_dict
+
     if args.json:
-        doc = json_format.MessageToDict(
-            written, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
+        doc = as_dict(written)
         doc["generation"] = written.generation
         print(json.dumps({"dry_run": args.dry_run, **doc}, indent=2))
         return
@@ -613,17 +510,14 @@ async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
     """Stored objects as manifest entries: `get all --json` is a file `apply -f` takes back."""
     from rich.table import Table
 
-    from ._proto.limiter.v1 import limiter_pb2 as api_pb
-    from .convert import cap_from_pb, dpu_from_pb
     from .manifest import cap_entry, dpu_entry, pod_entry, router_entry
-    from .models import Pod, Router
 
-    pods = (await c.stub.ListPods(api_pb.ListPodsRequest())).pods
+    pods = await c.list_pods()
     doc: dict[str, list[dict[str, object]]] = {}
     if args.kind in ("pods", "all"):
-        doc["pods"] = [pod_entry(Pod(p.name, tuple(p.ipv4_prefixes))) for p in pods]
+        doc["pods"] = [pod_entry(p) for p in pods]
     if args.kind in ("dpus", "all"):
-        doc["dpus"] = [dpu_entry(dpu_from_pb(d)) for d in (await c.stub.ListDpus(api_pb.ListDpusRequest())).dpus]
+        doc["dpus"] = [dpu_entry(d) for d in await c.list_dpus()]
     if args.kind in ("caps", "all"):
         doc["caps"] = []
         for p in pods:
@@ -633,10 +527,9 @@ async def _get(c: LimiterClient, args: argparse.Namespace) -> int:
                 if err.code() != grpc.StatusCode.NOT_FOUND:
                     raise
                 continue
-            doc["caps"].append(cap_entry(p.name, cap_from_pb(cap)))
+            doc["caps"].append(cap_entry(p.name, cap))
     if args.kind in ("routers", "all"):
-        listed = (await c.stub.ListRouters(api_pb.ListRoutersRequest())).routers
-        doc["routers"] = [router_entry(Router(r.name, tuple(r.pods))) for r in listed]
+        doc["routers"] = [router_entry(r) for r in await c.list_routers()]
     if args.json:
         print(json.dumps(doc if args.kind == "all" else doc[args.kind], indent=2))
         return 0
@@ -665,14 +558,15 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
     """Live rates from WatchUsage: a table that updates in place, or one JSON line per sample."""
     from contextlib import nullcontext
 
-    from google.protobuf import json_format
     from rich.live import Live
     from rich.table import Table
+
+    from .client import as_dict
 
     prev: dict[tuple[str, str, str], tuple[float, dict[str, int]]] = {}
     fields = ("metered_bytes", "green_bytes", "red_bytes", "window_bytes", "lease_bytes", "intra_bytes", "arp_bytes")
 
-    def rates(sample: pb.UsageSample) -> list[tuple[str, str, str, dict[str, float]]]:
+    def rates(sample: UsageSample) -> list[tuple[str, str, str, dict[str, float]]]:
         out = []
         for u in sample.usage:
             key = (u.pod, u.dpu, u.direction)
@@ -690,7 +584,7 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
     try:
         if args.json:
             async for sample in c.watch_usage(args.pod, args.interval, args.per_dpu):
-                doc = json_format.MessageToDict(sample, preserving_proto_field_name=True)
+                doc = as_dict(sample, all_fields=False)
                 doc["rates_bps"] = [{"pod": p, "dpu": n, "direction": d, **r} for p, n, d, r in rates(sample)]
                 print(json.dumps(doc), flush=True)
         else:
@@ -713,9 +607,7 @@ async def _watch_usage(c: LimiterClient, args: argparse.Namespace) -> int:
                         "not read",
                         title="bit/s across each pod's boundary (Ctrl-C to stop)",
                     )
-                    notes = [
-                        _unread(json_format.MessageToDict(u, preserving_proto_field_name=True)) for u in sample.usage
-                    ]
+                    notes = [_unread(as_dict(u, all_fields=False)) for u in sample.usage]
                     for (pod, dpu, direction, r), note in zip(rates(sample), notes, strict=True):
                         t.add_row(pod, dpu or "(all)", direction, *(f"{r[f] / 1e6:,.2f} M" for f in fields), note)
                     if live is not None:

@@ -18,6 +18,11 @@ def pod_to_pb(pod: Pod) -> pb.Pod:
     return pb.Pod(name=pod.name, ipv4_prefixes=list(pod.ipv4_prefixes))
 
 
+def pod_from_pb(p: pb.Pod) -> Pod:
+    """Proto to model, as the control plane answers it (checked there)."""
+    return Pod(p.name, tuple(p.ipv4_prefixes))
+
+
 def dpu_to_pb(d: Dpu) -> pb.Dpu:
     """Model to proto."""
     return pb.Dpu(
@@ -52,11 +57,6 @@ def cap_from_pb(c: pb.Cap, field_prefix: str = "cap") -> Cap:
         raise InvalidArgument(f"{field_prefix}.mode", c.mode, "unknown mode")
     cap = Cap(c.egress_bps, c.ingress_bps, c.window_s, c.burst_bytes, c.rebalance, modes[c.mode])
     return Cap.validated(cap, field_prefix)
-
-
-def cap_mode(c: pb.Cap) -> str:
-    """A proto cap's mode as the models name it."""
-    return "window" if c.mode == pb.CAP_MODE_WINDOW else "rate"
 
 
 def dpu_from_pb(d: pb.Dpu, field_prefix: str = "dpu") -> Dpu:
@@ -105,3 +105,8 @@ def change_to_pb(c: Change) -> pb.Change:
 def router_to_pb(r: Router) -> pb.Router:
     """Model to proto."""
     return pb.Router(name=r.name, pods=list(r.pods))
+
+
+def router_from_pb(r: pb.Router) -> Router:
+    """Proto to model, as the control plane answers it (checked there)."""
+    return Router(r.name, tuple(r.pods))

@@ -15,7 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import corpus_semantics_cases as semantics
+import corpus_table_cases as tables
 import grpc
+from corpus_table_cases import MAC_A, MAC_B, eth, ins  # shared by the whole corpus
 from finsy import P4Schema
 from finsy.proto import p4r
 from google.protobuf import text_format
@@ -28,7 +31,6 @@ from p4rt_helpers import Client, table_entry, update
 from p4sim.server import Device
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
-MAC_A, MAC_B = "02:00:00:00:00:0a", "02:00:00:00:00:0b"
 
 Setup = Callable[[Client, P4Schema], Awaitable[None]]
 State = Callable[[Client, P4Schema], Awaitable[dict[str, object]]]
@@ -39,16 +41,17 @@ Frames = list[tuple[int, bytes]]
 
 
 def pipeline(name: str, cookie: int = 7) -> p4r.ForwardingPipelineConfig:
-    """The corpus program's ForwardingPipelineConfig (its committed JSON and P4Info)."""
-    cfg = p4r.ForwardingPipelineConfig(p4_device_config=(CORPUS / f"{name}.json").read_bytes())
-    text_format.Parse((CORPUS / f"{name}.p4info.txtpb").read_text(), cfg.p4info)
+    """The corpus program's ForwardingPipelineConfig (its JSON and P4Info)."""
+    cfg = p4r.ForwardingPipelineConfig(p4_device_config=semantics.program_json(name))
+    text_format.Parse((CORPUS / f"{semantics.committed(name)}.p4info.txtpb").read_text(), cfg.p4info)
     cfg.cookie.cookie = cookie
     return cfg
 
 
 def schema(name: str) -> P4Schema:
     """finsy's view of the program's P4Info, for encoding entities by name."""
-    return P4Schema(CORPUS / f"{name}.p4info.txtpb", CORPUS / f"{name}.json")
+    base = semantics.committed(name)
+    return P4Schema(CORPUS / f"{base}.p4info.txtpb", CORPUS / f"{base}.json")
 
 
 async def _nothing(c: Client, sch: P4Schema) -> None:
@@ -140,16 +143,6 @@ def stream_view(msgs: list[p4r.StreamMessageResponse]) -> list[tuple[object, ...
             data = tuple(text_format.MessageToString(x, as_one_line=True) for x in d.data)
             out.append(("digest", d.digest_id, d.list_id, data))
     return out
-
-
-def ins(sch: P4Schema, table: str, action: str, match: dict[str, object], **params: int) -> p4r.Update:
-    """An INSERT of one table entry."""
-    return update(p4r.Update.INSERT, table_entry(sch, table, action, match, params))
-
-
-def eth(ethertype: int, payload: bytes = b"", src: str = MAC_A, dst: str = MAC_B) -> bytes:
-    """An Ethernet frame of `ethertype` carrying `payload` (no padding)."""
-    return bytes(Ether(src=src, dst=dst, type=ethertype)) + payload
 
 
 # ---------------------------------------------------------------- ipv4_csum
@@ -781,5 +774,16 @@ CASES: dict[str, Case] = {
             cpu_port=CPU_PORT,
             stream=True,
         ),
+        Case("lpm_const", tables.lpm_frames(), setup=tables.lpm_setup, state=tables.lpm_state),
+        Case("union_valid_key", tables.union_key_frames(), setup=tables.union_key_setup, state=tables.union_key_state),
+        Case("header_mux", tables.mux_frames(), setup=tables.mux_setup),
+        Case("optional_match", tables.optional_frames(), setup=tables.optional_setup, state=tables.optional_state),
+        Case("dead_table", tables.dead_frames(), setup=tables.dead_setup, state=tables.dead_state),
+        Case("varbit", semantics.varbit_frames()),
+        Case("signed", semantics.signed_frames(), setup=semantics.signed_setup),
+        Case("saturating", semantics.saturating_frames(), setup=semantics.saturating_setup),
+        Case("advance", semantics.advance_frames()),
+        Case("stack_copy", semantics.stack_copy_frames()),
+        Case("stack_copy_whole", semantics.stack_copy_frames()),
     )
 }

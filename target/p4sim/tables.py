@@ -1,4 +1,9 @@
-"""Match-action tables: exact, LPM, ternary, range and optional keys, with bmv2's lookup rules."""
+"""Match-action tables: exact, LPM, ternary and range keys, with bmv2's lookup rules.
+
+P4's `optional` match kind is a ternary key here, as p4c writes it in the bmv2 JSON and PI writes its
+entries to bmv2 (mask all ones, or zero for a wildcard). An LPM entry's value is stored cut to its
+prefix, as bmv2's trie compares only the prefix's bits.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # One key field's match in an entry: exact -> value; lpm -> (value, prefix_len);
-# ternary -> (value, mask); range -> (low, high); optional -> value or None (wildcard).
+# ternary -> (value, mask); range -> (low, high).
 FieldMatch = Any
 
 
@@ -140,10 +145,7 @@ class Table:
                     mask = ((1 << width) - 1) ^ ((1 << (width - m[1])) - 1)
                     if v & mask != m[0]:
                         return False
-                elif kind == "range":
-                    if not m[0] <= v <= m[1]:
-                        return False
-                elif kind == "optional" and m is not None and v != m:
+                elif kind == "range" and not m[0] <= v <= m[1]:
                     return False
             return True
 

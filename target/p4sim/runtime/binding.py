@@ -15,8 +15,10 @@ from finsy.proto import p4i, p4r
 
 from ..errors import P4RuntimeError, ProgramError
 from ..externs import CounterArray, RegisterArray, ValueSet
+from ..profiles import NO_ACTION
 from ..program import Program
 from ..switch.pipeline import TableDef
+from ..tables import KeyField, Table
 from .codec import decode_bytes, encode_bytes, invalid
 from .digests import DigestEngine, Emit
 from .packetio import PacketIO
@@ -43,6 +45,13 @@ class TableBinding:
     json_to_info_action: dict[int, int]
     match_fields: list[p4i.MatchField]
     profile: ProfileBinding | None = None  # an indirect table's action profile
+    # A P4Info table the bmv2 JSON lacks (p4c writes P4Info before its mid-end drops dead tables):
+    # `tdef` is an empty stand-in that no packet reaches, and bmv2's PI fails what needs the table.
+    absent: bool = False
+
+
+# P4Info match kind -> what p4c writes in the bmv2 JSON: `optional` as ternary (bmv2 has no optional).
+_JSON_KIND = {"EXACT": "exact", "LPM": "lpm", "TERNARY": "ternary", "RANGE": "range", "OPTIONAL": "ternary"}
 
 
 class Binding:
@@ -125,12 +134,13 @@ class Binding:
         for t in self.p4info.tables:
             name = t.preamble.name
             tdef = prog.tables.get(name)
+            absent = tdef is None
             if tdef is None:
-                raise ProgramError(f"P4Info table {name!r} is not in the bmv2 JSON")
+                tdef = _stand_in(t)
             if len(t.match_fields) != len(tdef.table.key):
                 raise ProgramError(f"P4Info table {name!r}: match fields differ from the bmv2 JSON key")
             for mf, kf in zip(t.match_fields, tdef.table.key, strict=True):
-                kind = p4i.MatchField.MatchType.Name(mf.match_type).lower()
+                kind = _JSON_KIND.get(p4i.MatchField.MatchType.Name(mf.match_type), "?")
                 if kind != kf.match_type and not (kf.match_type == "valid" and kind == "exact"):
                     raise ProgramError(
                         f"P4Info table {name!r}: field {mf.name!r} is {kind}, bmv2 JSON says {kf.match_type}"
@@ -142,7 +152,7 @@ class Binding:
                     raise ProgramError(f"P4Info table {name!r} refers to unknown action id {ref.id}")
                 json_id = next(
                     (aid for aid in tdef.action_ids if prog.actions[aid].name == ainfo.preamble.name),
-                    None,
+                    NO_ACTION if absent else None,  # an absent table's actions may be gone from the JSON too
                 )
                 if json_id is None:
                     raise ProgramError(
@@ -155,6 +165,7 @@ class Binding:
                 action_ids=ids,
                 json_to_info_action={v: k for k, v in ids.items()},
                 match_fields=list(t.match_fields),
+                absent=absent,
             )
         for c in self.p4info.counters:
             arr = prog.counters.get(c.preamble.name)
@@ -213,3 +224,25 @@ class Binding:
             if b is None or b.tdef.direct_meter is None:
                 raise ProgramError(f"P4Info direct meter {dm.preamble.name!r} has no table with a direct meter")
             self.direct_meters[dm.preamble.id] = b
+
+
+def _stand_in(t: p4i.Table) -> TableDef:
+    """An empty table in the place of one the bmv2 JSON lacks, keyed as its P4Info says."""
+    kinds = [_JSON_KIND.get(p4i.MatchField.MatchType.Name(mf.match_type), "?") for mf in t.match_fields]
+    key = [KeyField(kind, mf.bitwidth) for kind, mf in zip(kinds, t.match_fields, strict=True)]
+    return TableDef(
+        name=t.preamble.name,
+        id=0,
+        table=Table(t.preamble.name, key, int(t.size) or 1024),
+        key_fn=lambda p: (),
+        action_ids=[],
+        default_action_id=NO_ACTION,
+        default_action_data=[],
+        default_const=t.const_default_action_id != 0,
+        next_by_action={},
+        next_hit=None,
+        next_miss=None,
+        uses_hit_miss=False,
+        with_counters=False,
+        key_names=[mf.name for mf in t.match_fields],
+    )

@@ -23,6 +23,7 @@ from .binding import Binding, TableBinding
 from .codec import decode_bytes, invalid
 from .meter_entry import configure
 from .profile_mgr import ONESHOT
+from .program_entries import program_entry
 
 
 def write(b: Binding, kind: int, te: p4r.TableEntry) -> None:
@@ -40,11 +41,11 @@ def write(b: Binding, kind: int, te: p4r.TableEntry) -> None:
             raise P4RuntimeError(
                 grpc.StatusCode.PERMISSION_DENIED, f"table {tb.info.preamble.name} has a const default action"
             )
-        if te.HasField("action"):
-            tdef.default_action_id, tdef.default_action_data = _action(b, tb, te, default=True)
-        else:  # reset to the program's default
-            default = _json_default(b, tdef)
-            tdef.default_action_id, tdef.default_action_data = default
+        action = _action(b, tb, te, default=True) if te.HasField("action") else None
+        if tb.absent:  # bmv2 has no such table to set a default on (INVALID_TABLE_NAME), PI says UNKNOWN
+            raise P4RuntimeError(grpc.StatusCode.UNKNOWN, "Error when modifying match entry in target")
+        # Without an action: reset to the program's default.
+        tdef.default_action_id, tdef.default_action_data = action or _json_default(b, tdef)
         return
     if tdef.const_entries or tb.info.is_const_table:
         raise P4RuntimeError(grpc.StatusCode.PERMISSION_DENIED, f"table {tb.info.preamble.name} is const")
@@ -65,7 +66,9 @@ def write(b: Binding, kind: int, te: p4r.TableEntry) -> None:
                 f"table {tb.info.preamble.name} is full ({tdef.table.size} entries)",
             )
         aid, data = _action(b, tb, te, default=False)
-        entry = Entry(match, aid, data, prio, meta={"entity": _stored(te)})
+        if tb.absent:  # PI checked the entry; bmv2 refuses it (INVALID_TABLE_NAME)
+            raise P4RuntimeError(grpc.StatusCode.UNKNOWN, "Error when adding match entry to target")
+        entry = Entry(match, aid, data, prio, meta={"entity": _stored(tb, te)})
         _new_entry_resources(tb, entry, te)
         tdef.table.insert(entry)
     elif kind == p4r.Update.MODIFY:
@@ -91,6 +94,10 @@ def read(b: Binding, req: p4r.TableEntry) -> Iterator[p4r.Entity]:
         bindings = list(b.tables.values())
     want_counters = req.HasField("counter_data")
     for tb in bindings:
+        if tb.absent and (req.is_default_action or not req.match):
+            # bmv2's PI fails every read of a table bmv2 lacks but one by match key, which finds nothing.
+            what = "default entry" if req.is_default_action else "table entries"
+            raise P4RuntimeError(grpc.StatusCode.UNKNOWN, f"Error when reading {what} from target")
         if req.is_default_action:
             tdef = tb.tdef
             te = p4r.TableEntry(table_id=tb.info.preamble.id, is_default_action=True)
@@ -110,11 +117,7 @@ def read(b: Binding, req: p4r.TableEntry) -> Iterator[p4r.Entity]:
                 raise P4RuntimeError(grpc.StatusCode.INTERNAL, "Invalid indirect handle")
             stored = entry.meta.get("entity")
             te = p4r.TableEntry()
-            if stored is not None:
-                te.CopyFrom(stored)
-            else:  # a const entry from the program
-                te.table_id = tb.info.preamble.id
-                te.priority = entry.priority
+            te.CopyFrom(stored if stored is not None else program_entry(b, tb, entry))
             if want_counters and tb.tdef.with_counters:
                 te.counter_data.packet_count = entry.packets
                 te.counter_data.byte_count = entry.bytes
@@ -174,7 +177,8 @@ def match_key(tb: TableBinding, te: p4r.TableEntry) -> tuple[tuple[object, ...],
                 raise invalid(f"{what}: low > high")
             match.append((low, high))
         elif kind == "OPTIONAL":
-            match.append(decode_bytes(fm.optional.value, width, what))
+            # PI's MatchKey::set_optional: bmv2 has no optional match, so a ternary one, mask all ones.
+            match.append((decode_bytes(fm.optional.value, width, what), (1 << width) - 1))
         else:
             raise P4RuntimeError(grpc.StatusCode.UNIMPLEMENTED, f"{what}: match kind {kind}")
     needs_priority = tb.tdef.table.needs_priority
@@ -221,7 +225,7 @@ def _new_entry_resources(tb: TableBinding, entry: Entry, te: p4r.TableEntry) -> 
 
 
 def _modified_entry_resources(tb: TableBinding, entry: Entry, te: p4r.TableEntry) -> None:
-    entry.meta["entity"] = _stored(te)
+    entry.meta["entity"] = _stored(tb, te)
     if te.HasField("meter_config") and entry.meter is not None:
         configure(entry.meter, te.meter_config, tb.info.preamble.name)
     if te.HasField("counter_data"):
@@ -275,7 +279,7 @@ def _insert_indirect(tb: TableBinding, te: p4r.TableEntry, existing: Entry | Non
             grpc.StatusCode.RESOURCE_EXHAUSTED, f"table {tb.info.preamble.name} is full ({table.size} entries)"
         )
     _check_indirect(tb, entry.group, "Error when adding match entry to target")
-    entry.meta["entity"] = _stored(te)
+    entry.meta["entity"] = _stored(tb, te)
     _new_entry_resources(tb, entry, te)
     tb.profile.mgr.profile.ref(entry.member, entry.group)
     table.insert(entry)
@@ -383,23 +387,24 @@ def entry_key(tb: TableBinding, entry: Entry) -> p4r.TableEntry:
 
 
 def _wildcard(kind: str, width: int) -> object:
-    if kind == "LPM":
-        return (0, 0)
-    if kind == "TERNARY":
-        return (0, 0)
     if kind == "RANGE":
         return (0, (1 << width) - 1)
-    return None  # OPTIONAL
+    return (0, 0)  # LPM: prefix 0; TERNARY and OPTIONAL (a ternary match to bmv2): mask 0
 
 
-def _stored(te: p4r.TableEntry) -> p4r.TableEntry:
+def _stored(tb: TableBinding, te: p4r.TableEntry) -> p4r.TableEntry:
     # What a read returns: the entry as written, in canonical byte strings (as simple_switch_grpc
-    # answers whether the client padded them or not), without the write-only resource fields.
+    # answers whether the client padded them or not), without the write-only resource fields, its
+    # match fields in P4Info order (PI's parse_match_key writes them so, whatever order they came in).
     kept = p4r.TableEntry()
     kept.CopyFrom(te)
     kept.ClearField("counter_data")
     kept.ClearField("meter_config")
     kept.ClearField("meter_counter_data")
+    order = {mf.id: i for i, mf in enumerate(tb.match_fields)}
+    fields = sorted(te.match, key=lambda fm: order[fm.field_id])
+    del kept.match[:]
+    kept.match.extend(fields)  # copies te's fields
     for fm in kept.match:
         kind = fm.WhichOneof("field_match_type")
         if kind == "exact":

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import ProgramError, UnsupportedConstruct
 from .calculations import Calculations
 from .expressions import Expressions
+from .layout import HeaderLayout
 from .loader import Objects
 from .packet import DROP_PORT, Expr, Packet, PacketAbort, Stmt
 
@@ -51,6 +52,10 @@ class Primitives:
             return self._assign_header(params[0].get("value"), params[1], where)
         if op == "assign_union":
             return self._assign_union(params[0], params[1], where)
+        if op in ("assign_header_stack", "assign_union_stack"):
+            return self._assign_stack(params[0], params[1], op == "assign_union_stack", where)
+        if op == "assign_VL":
+            return self._assign_vl(params[0], params[1], where)
         if op in ("assign", "modify_field"):
             dst, src = params
             i, loc, width = exprs.lvalue(dst, where)
@@ -250,10 +255,13 @@ class Primitives:
 
     def _assign_header(self, dst_name: str, src: dict[str, Any], where: str) -> Stmt:
         dst = self.layout.header(dst_name, where)
-        s = self.layout.header(src.get("value"), where)
-        if dst.widths != s.widths:
+        sources, choose = self.exprs.header_choice(src, where)
+        if any(dst.widths != s.widths for s in sources):
             raise ProgramError(f"bmv2 JSON: header assignment between different types in {where}")
-        dlo, slo, n, di = dst.base, s.base, len(dst.widths), dst.index
+        if choose is not None:  # the source is chosen per packet (`c ? h1 : h2`, a stack element)
+            return self._assign_chosen_header(dst, choose)
+        s = sources[0]
+        dlo, slo, n, di = dst.base, s.base, dst.span, dst.index  # a varbit's width slot with its value
         peers = self.layout.union_peers.get(di, ())
 
         # bmv2's assign_header: an invalid source only invalidates the destination (its fields stay);
@@ -269,6 +277,39 @@ class Primitives:
 
         return assign_header
 
+    def _assign_chosen_header(self, dst: HeaderLayout, choose: Callable[[Packet, list[int]], int]) -> Stmt:
+        """assign_header from a header chosen per packet, with bmv2's rules (see _assign_header)."""
+        dlo, n, di = dst.base, dst.span, dst.index
+        peers = self.layout.union_peers.get(di, ())
+        bases = {h.index: h.base for h in self.layout.header_list}
+
+        def assign_chosen_header(p: Packet, ad: list[int]) -> None:
+            si = choose(p, ad)
+            if not p.v[si]:
+                p.v[di] = False
+                return
+            p.v[di] = True
+            for k in peers:
+                p.v[k] = False
+            slo = bases[si]
+            p.f[dlo : dlo + n] = p.f[slo : slo + n]
+
+        return assign_chosen_header
+
+    def _assign_vl(self, dst: Any, src: Any, where: str) -> Stmt:
+        """bmv2's assign_VL (Field::assign_VL): the value and the width, whatever either header's validity."""
+        layout = self.layout
+        d, s = layout.field(dst.get("value"), where), layout.field(src.get("value"), where)
+        ds, ss = layout.vl_width.get(d), layout.vl_width.get(s)
+        if ds is None or ss is None or dst.get("type") != "field" or src.get("type") != "field":
+            raise UnsupportedConstruct("assign_VL of other than two varbit fields", where)
+
+        def assign_vl(p: Packet, ad: list[int]) -> None:
+            f = p.f
+            f[d], f[ds] = f[s], f[ss]
+
+        return assign_vl
+
     def _assign_union(self, dst: Any, src: Any, where: str) -> Stmt:
         """bmv2's assign_union: assign_header member by member, in declaration order."""
         pairs = zip(self.layout.union(dst, where), self.layout.union(src, where), strict=True)
@@ -279,6 +320,29 @@ class Primitives:
                 step(p, ad)
 
         return assign_union
+
+    def _assign_stack(self, dst: Any, src: Any, unions: bool, where: str) -> Stmt:
+        """bmv2's assign_header_stack and assign_union_stack: the next index, then assign_header (or
+        assign_union, member by member) element by element."""
+        layout = self.layout
+        names = [n.get("value") if isinstance(n, dict) else None for n in (dst, src)]
+        if unions:
+            d, s = (layout.union_stack(n, where) for n in names)
+            kd, ks, de, se = d.index, s.index, d.unions, s.unions
+        else:
+            ds, ss = (layout.stack(n, where) for n in names)
+            kd, ks, de, se = ds.index, ss.index, [[e] for e in ds.elements], [[e] for e in ss.elements]
+        if len(de) != len(se) or any(len(a) != len(b) for a, b in zip(de, se, strict=True)):
+            raise ProgramError(f"bmv2 JSON: stack assignment between different stack types in {where}")
+        pairs = [(dh, sh) for du, su in zip(de, se, strict=True) for dh, sh in zip(du, su, strict=True)]
+        steps = [self._assign_header(dh.name, {"type": "header", "value": sh.name}, where) for dh, sh in pairs]
+
+        def assign_stack(p: Packet, ad: list[int]) -> None:
+            p.stk[kd] = p.stk[ks]
+            for step in steps:
+                step(p, ad)
+
+        return assign_stack
 
     def _stack_shift(self, stack: Any, count: Any, push: bool, where: str) -> Stmt:
         name = stack.get("value") if isinstance(stack, dict) else None
@@ -293,7 +357,8 @@ class Primitives:
             k, elements, invalidate = st.index, [[e] for e in st.elements], True
         num = self.exprs.const(count, where)
         size = len(elements)
-        spans = [[(h.index, h.base, h.base + len(h.widths)) for h in e] for e in elements]
+        # bmv2's Field::swap_values swaps a varbit's width too: the spans take its slot.
+        spans = [[(h.index, h.base, h.base + h.span) for h in e] for e in elements]
 
         def swap(p: Packet, a: int, b: int) -> None:
             f, v = p.f, p.v

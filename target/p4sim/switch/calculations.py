@@ -37,17 +37,23 @@ class Calculations:
         return fn
 
     def items(self, inputs: list[dict[str, Any]], where: str) -> list[tuple[int, int, int, int]]:
-        """A calculation's input as (field index or -1, width, header index or -1, constant) items."""
+        """A calculation's input as (field index or -1, width, header index or -1, constant) items; a varbit
+        field's width is -1 - its width slot, read per packet."""
         layout = self.layout
         items: list[tuple[int, int, int, int]] = []
+
+        def width(i: int) -> int:
+            slot = layout.vl_width.get(i)
+            return layout.field_width[i] if slot is None else -1 - slot
+
         for item in inputs:
             kind = item.get("type")
             if kind == "field":
                 i = layout.field(item["value"], where)
-                items.append((i, layout.field_width[i], layout.field_header[i], 0))
+                items.append((i, width(i), layout.field_header[i], 0))
             elif kind == "header":
                 h = layout.header(item["value"], where)
-                items += [(h.base + j, w, h.index, 0) for j, w in enumerate(h.widths)]
+                items += [(h.base + j, width(h.base + j), h.index, 0) for j in range(len(h.widths))]
             elif kind == "hexstr":
                 items.append((-1, int(item["bitwidth"]), -1, int(item["value"], 16)))
             else:
@@ -57,6 +63,8 @@ class Calculations:
 
 def calc_fn(items: list[tuple[int, int, int, int]], fn: Callable[[bytes], int]) -> Callable[[Packet], int]:
     """A function computing `fn` over a packet's `items`."""
+    if any(w < 0 for _, w, _, _ in items):
+        return _calc_fn_varbit(items, fn)
 
     # bmv2 packs the inputs bit by bit, skips fields of invalid headers, and pads the last byte
     # with zeros at its tail.
@@ -70,6 +78,25 @@ def calc_fn(items: list[tuple[int, int, int, int]], fn: Callable[[bytes], int]) 
                 value = (value << w) | f[i]
             else:
                 continue
+            nbits += w
+        pad = -nbits % 8
+        return fn((value << pad).to_bytes((nbits + pad) // 8, "big"))
+
+    return compute
+
+
+def _calc_fn_varbit(items: list[tuple[int, int, int, int]], fn: Callable[[bytes], int]) -> Callable[[Packet], int]:
+    """calc_fn over items with varbit fields, each at its width for the packet (bmv2's Field::get_nbits)."""
+
+    def compute(p: Packet) -> int:
+        f, v = p.f, p.v
+        value = nbits = 0
+        for i, w, h, c in items:
+            if i >= 0 and not v[h]:
+                continue
+            if w < 0:
+                w = f[-1 - w]
+            value = (value << w) | (c if i < 0 else f[i])
             nbits += w
         pad = -nbits % 8
         return fn((value << pad).to_bytes((nbits + pad) // 8, "big"))

@@ -32,6 +32,9 @@ def _generate(order: list[HeaderLayout], exprs: Expressions) -> Callable[[Packet
     env["_deparsed"] = deparsed
     lines = ["f = p.f", "v = p.v", "parts = []"]
     for h in order:
+        if h.vl >= 0:
+            lines += [f"if v[{h.index}]:", f"    parts.append({_varbit_src(h)})"]
+            continue
         fmt, units = struct_layout(h.widths)
         args = []
         for sizes, fields in units:
@@ -48,6 +51,23 @@ def _generate(order: list[HeaderLayout], exprs: Expressions) -> Callable[[Packet
         ]
     lines.append("return _deparsed(parts, p.payload, p.poff)")
     return compile_fn("deparse", "p", lines, env)  # type: ignore[no-any-return]
+
+
+def _varbit_src(h: HeaderLayout) -> str:
+    """A varbit header's bytes as bmv2's Header::deparse writes them: every field at its current width."""
+
+    def concat(fields: list[tuple[int, int]]) -> tuple[str, int]:
+        terms, pos = [], sum(w for _, w in fields)
+        for i, w in fields:
+            pos -= w
+            terms.append(f"(f[{i}] << {pos})" if pos else f"f[{i}]")
+        return " | ".join(terms) or "0", sum(w for _, w in fields)
+
+    fields = [(h.base + j, w) for j, w in enumerate(h.widths)]
+    (head, _), (tail, tail_bits) = concat(fields[: h.vl]), concat(fields[h.vl + 1 :])
+    vl, nb = f"f[{h.base + h.vl}]", f"f[{h.vl_slot}]"
+    value = f"((({head}) << ({nb} + {tail_bits})) | ({vl} << {tail_bits}) | ({tail}))"
+    return f"{value}.to_bytes({h.nbytes} + {nb} // 8, 'big')"
 
 
 def deparsed(parts: list[bytes], data: bytes, off: int) -> bytes:

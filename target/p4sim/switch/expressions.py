@@ -77,7 +77,7 @@ class Expressions:
             if isinstance(value, list) and len(value) == 2 and value[1] == "$valid$":
                 return f"(1 if v[{layout.header(value[0], where).index}] else 0)", 1
             i = layout.field(value, where)
-            return f"f[{i}]", layout.field_width[i]
+            return self._read(f"f[{i}]", i), layout.field_width[i] if i not in layout.signed else None
         if kind == "hexstr":
             n = int(value, 16)
             return repr(n), (n.bit_length() if n >= 0 else None)
@@ -89,7 +89,9 @@ class Expressions:
             return f"(1 if v[{layout.header(value, where).index}] else 0)", 1
         if kind == "stack_field":
             loc, width = self.stack_field_loc(value, where)
-            return f"f[{bind(env, loc)}(p, ad)]", width
+            st = layout.stack(value[0], where)
+            first = st.elements[0].base + layout.field_offset(st.elements[0], value[1], where)
+            return self._read(f"f[{bind(env, loc)}(p, ad)]", first), width if first not in layout.signed else None
         if kind == "expression":
             # p4c sometimes wraps an expression node in another one.
             if isinstance(value, dict) and "op" not in value:
@@ -115,11 +117,14 @@ class Expressions:
             return f"(1 if {valid} else 0)", 1
         if op == "access_field":
             const, dyn, width = self.lvalue({"type": "expression", "value": node}, where)
-            return (f"f[{const}]" if dyn is None else f"f[{bind(env, dyn)}(p, ad)]"), width
-        if op in ("last_stack_index", "size"):
+            hdr, _ = self.header_ref(node["left"], where)
+            first = hdr.base + int(node["right"])  # a stack's elements share their type, signedness included
+            read = self._read(f"f[{const}]" if dyn is None else f"f[{bind(env, dyn)}(p, ad)]", first)
+            return read, width if first not in self.layout.signed else None
+        if op in ("last_stack_index", "size_stack"):
             k = self.layout.stack(right_node.get("value") if isinstance(right_node, dict) else None, where).index
             # bmv2's SIZE_STACK is the stack's count (its next index), not its depth
-            return (f"p.stk[{k}]" if op == "size" else f"(p.stk[{k}] - 1)"), None
+            return (f"(p.stk[{k}] - 1)" if op == "last_stack_index" else f"p.stk[{k}]"), None
         if op in ("d2b", "b2d"):
             a, ab = sub(right_node)
             return (a, 1) if ab is not None and ab <= 1 else (f"(1 if {a} else 0)", 1)  # 0 or 1 already
@@ -133,6 +138,10 @@ class Expressions:
             width = int(eval(sub(right_node)[0], {}))  # a constant in our own source
             mask, sign = (1 << width) - 1, 1 << (width - 1)
             return f"((({sub(left_node)[0]} & {mask}) ^ {sign}) - {sign})", None
+        if op in ("usat_cast", "sat_cast"):  # bmv2's Data::usat_cast and sat_cast: |+| and |-| clamp
+            width = int(eval(sub(right_node)[0], {}))  # a constant in our own source
+            lo, hi = (0, (1 << width) - 1) if op == "usat_cast" else (-(1 << (width - 1)), (1 << (width - 1)) - 1)
+            return f"min(max({sub(left_node)[0]}, {lo}), {hi})", (width if op == "usat_cast" else None)
         template = _BINARY.get(op or "")
         if template is None:
             raise UnsupportedConstruct(f"operator {op}", where)
@@ -143,6 +152,13 @@ class Expressions:
             if _is_mask(a) and bb is not None and bb <= int(a).bit_length():
                 return b, bb
         return template.format(a=a, b=b), _bits(op or "", ab, bb, b)
+
+    def _read(self, src: str, i: int) -> str:
+        """A read of field i's slot `src` as bmv2's expressions see it: an int<N> field as a signed value."""
+        if i not in self.layout.signed:
+            return src
+        sign = 1 << (self.layout.field_width[i] - 1)
+        return f"(({src} ^ {sign}) - {sign})"
 
     def cond_src(self, node: Any, where: str, env: dict[str, Any]) -> str:
         """Source whose truth is a boolean expression's (no 0/1 conversion where a bool will do)."""
@@ -195,7 +211,8 @@ class Expressions:
         value = node.get("value") if isinstance(node, dict) and node.get("type") == "expression" else None
         if isinstance(value, dict) and value.get("type") == "expression":
             value = value.get("value")
-        if not isinstance(value, dict) or value.get("op") != "dereference_header_stack":
+        # "dereference_stack": bmv2's older name for the same opcode (ExprOpcodesMap).
+        if not isinstance(value, dict) or value.get("op") not in ("dereference_header_stack", "dereference_stack"):
             raise UnsupportedConstruct(f"header operand {node!r}", where)
         st = self.layout.stack(value["left"].get("value"), where)
         no_nested_runtime_data((value["right"],), where)
@@ -210,6 +227,27 @@ class Expressions:
             return indexes[i]
 
         return st.elements[0], deref
+
+    def header_choice(
+        self, node: Any, where: str
+    ) -> tuple[list[HeaderLayout], Callable[[Packet, list[int]], int] | None]:
+        """A header-valued operand: the headers it may name, and None when it names one header, else a
+        closure giving the header's index for a packet (a stack element by index, or `c ? h1 : h2`,
+        which bmv2 evaluates as an expression of header type when the primitive runs)."""
+        value = node.get("value") if isinstance(node, dict) and node.get("type") == "expression" else None
+        if isinstance(value, dict) and value.get("type") == "expression":  # p4c's wrapper around an expression
+            return self.header_choice(value, where)
+        if isinstance(value, dict) and value.get("op") in ("?", "?:"):
+            cond = self.expr(value.get("cond"), where)
+            left, right = self.header_choice(value.get("left"), where), self.header_choice(value.get("right"), where)
+            pick_l, pick_r = _header_picker(*left), _header_picker(*right)
+
+            def choose(p: Packet, ad: list[int]) -> int:
+                return pick_l(p, ad) if cond(p, ad) else pick_r(p, ad)
+
+            return left[0] + right[0], choose
+        h, deref = self.header_ref(node, where)
+        return [h], deref
 
     def lvalue(self, node: Any, where: str) -> tuple[int, Callable[[Packet, list[int]], int] | None, int]:
         """A field operand: (flat index, None, width) when fixed, else (-1, closure giving the index, width)."""
@@ -234,6 +272,15 @@ class Expressions:
         # Every element of a stack has the same type, so field j is at base_of_element + j.
         base_of = {h.index: h.base + j for h in layout.header_list}
         return -1, lambda p, ad: base_of[deref(p, ad)], hdr.widths[j]
+
+
+def _header_picker(
+    headers: list[HeaderLayout], choose: Callable[[Packet, list[int]], int] | None
+) -> Callable[[Packet, list[int]], int]:
+    if choose is not None:
+        return choose
+    index = headers[0].index
+    return lambda p, ad: index
 
 
 def no_nested_runtime_data(operands: tuple[Any, ...], where: str) -> None:

@@ -31,11 +31,22 @@ class HeaderLayout:
     widths: list[int]
     names: list[str]
     metadata: bool
+    # A varbit header: its varbit field's offset (its entry in `widths` is 0, as bmv2 counts it before
+    # an extract), the largest header in bytes, and the flat index of the slot holding the field's
+    # current width in bits, the slot just past the header's fields. -1, 0, -1 for other headers.
+    vl: int = -1
+    max_bytes: int = 0
+    vl_slot: int = -1
 
     @property
     def nbytes(self) -> int:
-        """Header size in bytes (headers are byte-aligned in v1model)."""
+        """Header size in bytes (headers are byte-aligned in v1model), a varbit field counted as 0 bits."""
         return sum(self.widths) // 8
+
+    @property
+    def span(self) -> int:
+        """How many flat slots the header's state takes: its fields, and a varbit field's width."""
+        return len(self.widths) + (self.vl >= 0)
 
 
 @dataclass
@@ -74,42 +85,52 @@ class Layout:
         self._load()
 
     def _load(self) -> None:
-        types: dict[str, list[tuple[str, int]]] = {}
-        for ht in section(self.doc, "header_types"):
-            fields = []
-            for fdef in ht.get("fields", []):
-                name, width = fdef[0], fdef[1]
-                if width == "*" or (len(fdef) > 2 and fdef[2] not in (False, None)):
-                    raise UnsupportedConstruct("variable-length or signed field", f"header type {ht['name']}")
-                fields.append((name, int(width)))
-            types[ht["name"]] = fields
+        types = {ht["name"]: self._header_type(ht) for ht in section(self.doc, "header_types")}
+        # int<N> fields hold their two's-complement bits, as bmv2's bytes do (what keys, checksums and the
+        # deparser see); expressions read them as signed values (Expressions.srcb).
+        self.signed: set[int] = set()
         base = 0
         for i, h in enumerate(section(self.doc, "headers")):
-            ftypes = types.get(h.get("header_type", ""))
-            if ftypes is None:
+            htype = types.get(h.get("header_type", ""))
+            if htype is None:
                 raise ProgramError(f"bmv2 JSON: header {h.get('name')!r} has unknown type {h.get('header_type')!r}")
+            ftypes, vl, max_bytes = htype
             layout = HeaderLayout(
                 name=h["name"],
                 index=i,
                 base=base,
-                widths=[w for _, w in ftypes],
-                names=[n for n, _ in ftypes],
+                widths=[0 if j == vl else w for j, (_, w, _) in enumerate(ftypes)],
+                names=[n for n, _, _ in ftypes],
                 metadata=bool(h.get("metadata")),
+                vl=vl,
+                max_bytes=max_bytes,
+                vl_slot=base + len(ftypes) if vl >= 0 else -1,
             )
             if not layout.metadata and sum(layout.widths) % 8:
                 raise ProgramError(f"bmv2 JSON: header {layout.name!r} is not a whole number of bytes")
-            for j, (fname, _) in enumerate(ftypes):
+            if vl >= 0 and layout.metadata:
+                raise UnsupportedConstruct("varbit field in metadata", f"header {layout.name}")
+            for j, (fname, _, signed) in enumerate(ftypes):
                 self.field_index[(layout.name, fname)] = base + j
-            base += len(ftypes)
+                if signed:
+                    self.signed.add(base + j)
+            base += layout.span
             self.headers[layout.name] = layout
             self.header_list.append(layout)
         self.nfields = base
         self.field_width = [0] * base
         self.field_header = [0] * base
+        self.vl_width: dict[int, int] = {}  # a varbit field's flat index -> its width slot's
         for layout in self.header_list:
             for j, w in enumerate(layout.widths):
                 self.field_width[layout.base + j] = w
                 self.field_header[layout.base + j] = layout.index
+            if layout.vl >= 0:
+                # The varbit field's values fit its largest width; the slot holds a bit count.
+                self.field_width[layout.base + layout.vl] = layout.max_bytes * 8 - sum(layout.widths)
+                self.field_width[layout.vl_slot] = 32
+                self.field_header[layout.vl_slot] = layout.index
+                self.vl_width[layout.base + layout.vl] = layout.vl_slot
         by_id = {int(h.get("id", i)): self.header_list[i] for i, h in enumerate(section(self.doc, "headers"))}
         self._load_unions(by_id)
         for k, st in enumerate(section(self.doc, "header_stacks")):
@@ -121,6 +142,31 @@ class Layout:
                 raise ProgramError(f"bmv2 JSON: header stack {st.get('name')!r} must hold packet headers")
             self.stacks[st["name"]] = StackLayout(st["name"], k, elements)
         self._load_union_stacks()
+
+    @staticmethod
+    def _header_type(ht: dict[str, Any]) -> tuple[list[tuple[str, int, bool]], int, int]:
+        """A header type's (name, width, signed) fields, its varbit field's offset (-1: none) and max_length."""
+        fields: list[tuple[str, int, bool]] = []
+        vl = -1
+        where = f"header type {ht.get('name')}"
+        for fdef in ht.get("fields", []):
+            name, width = fdef[0], fdef[1]
+            signed = len(fdef) > 2 and fdef[2] is True
+            if len(fdef) > 3 and fdef[3] not in (False, None):
+                raise UnsupportedConstruct("saturating field", where)
+            if width == "*":
+                # bmv2 takes one varbit field per header (HeaderType::push_back_VL_field asserts it); its
+                # length_exp (P4_14's header length) p4c never writes for P4_16.
+                if vl >= 0 or "length_exp" in ht:
+                    raise UnsupportedConstruct("a second varbit field, or a header length expression", where)
+                vl, width = len(fields), 0
+            if signed and (width == 0 or int(width) < 2):  # bmv2's Field asserts nbits > 1 when signed
+                raise UnsupportedConstruct("signed varbit or int<1> field", where)
+            fields.append((name, int(width), signed))
+        max_bytes = int(ht.get("max_length", 0)) if vl >= 0 else 0
+        if vl >= 0 and max_bytes * 8 <= sum(w for _, w, _ in fields):
+            raise ProgramError(f"bmv2 JSON: {where} has a varbit field and no max_length past its fixed fields")
+        return fields, vl, max_bytes
 
     def _load_union_stacks(self) -> None:
         unions_by_id = {int(u.get("id", i)): u["name"] for i, u in enumerate(section(self.doc, "header_unions"))}

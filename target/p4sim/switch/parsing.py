@@ -18,8 +18,9 @@ from .actions import Primitives
 from .expressions import Expressions
 from .layout import HeaderLayout
 from .loader import Objects
-from .packet import Packet, PacketAbort, ParserError
+from .packet import NO_STACKS, Expr, Packet, PacketAbort, ParserError
 
+INT_MAX = (1 << 31) - 1
 ParseFn = Callable[[Packet, bytes], bool]
 StateFn = Callable[[Packet, bytes, int], tuple[str | None, int]]
 OpFn = Callable[[Packet, bytes, int], int]
@@ -159,19 +160,12 @@ class Parsing:
         kind = op.get("op")
         params = op.get("parameters", [])
         layout = self.layout
-        if kind == "extract":
-            ptype = params[0].get("type")
-            if ptype == "regular":
-                return self._extract(layout.header(params[0]["value"], where), too_short)
-            if ptype == "stack":
-                st = layout.stack(params[0]["value"], where)
-                return self._extract_next(st.elements, st.index, too_short)
-            if ptype == "union_stack":
-                name, member = params[0]["value"]
-                ust = layout.union_stack(name, where)
-                headers = [u[layout.union_member(ust, member, where)] for u in ust.unions]
-                return self._extract_next(headers, ust.index, too_short)
-            raise UnsupportedConstruct(f"extract of {ptype}", where)
+        if kind == "advance":
+            if len(params) != 1 or params[0].get("type") not in ("hexstr", "field", "expression"):
+                raise UnsupportedConstruct("advance without one hexstr, field or expression", where)
+            return self._advance(self.exprs.expr(params[0], where), too_short)
+        if kind in ("extract", "extract_VL"):
+            return self._extract_op(params, kind == "extract_VL", where, too_short)
         if kind == "set":
             if params[1].get("type") == "lookahead":
                 i = layout.field(params[0].get("value"), where)
@@ -210,6 +204,45 @@ class Parsing:
 
             return primitive
         raise UnsupportedConstruct(f"parser op {kind}", where)
+
+    def _extract_op(self, params: list[Any], vl: bool, where: str, too_short: int) -> OpFn:
+        """extract and extract_VL into a header, a stack's next element or a union stack's next union's member."""
+        layout = self.layout
+        ptype = params[0].get("type") if params else None
+        if ptype == "regular":
+            headers, k = [layout.header(params[0]["value"], where)], -1
+        elif ptype == "stack":
+            st = layout.stack(params[0]["value"], where)
+            headers, k = st.elements, st.index
+        elif ptype == "union_stack":
+            name, member = params[0]["value"]
+            ust = layout.union_stack(name, where)
+            headers, k = [u[layout.union_member(ust, member, where)] for u in ust.unions], ust.index
+        else:
+            raise UnsupportedConstruct(f"extract of {ptype}", where)
+        if headers[0].vl >= 0 and not vl:  # bmv2 refuses it (P4Objects::init_parsers): a varbit needs extract_VL
+            raise ProgramError(f"bmv2 JSON: 'extract' of varbit header {headers[0].name!r} in {where}")
+        if vl and (headers[0].vl < 0 or len(params) != 2 or params[1].get("type") != "expression"):
+            raise ProgramError(f"bmv2 JSON: extract_VL needs a varbit header and a length expression in {where}")
+        if not vl:
+            return self._extract(headers[0], too_short) if k < 0 else self._extract_next(headers, k, too_short)
+        length = self.exprs.expr(params[1]["value"], where)
+        steps = [self._vl_step(h, too_short) for h in headers]
+        if k < 0:
+            step = steps[0]
+            return lambda p, data, off: step(p, data, off, length(p, NO_STACKS))
+        out_of_bounds, size = self.objs.errors.get("StackOutOfBounds", 3), len(steps)
+
+        # bmv2's ParserOpExtractStack and ParserOpExtractUnionStack with a length: a full stack first.
+        def extract_next_vl(p: Packet, data: bytes, off: int) -> int:
+            n = p.stk[k]
+            if n >= size:
+                raise ParserError(out_of_bounds, off)
+            end = steps[n](p, data, off, length(p, NO_STACKS))
+            p.stk[k] = n + 1
+            return end
+
+        return extract_next_vl
 
     def _union_stack_field(self, value: Any, where: str) -> tuple[OpFn, int]:
         """A field of a member of a union stack's last extracted union, as a parser's transition key."""
@@ -252,6 +285,67 @@ class Parsing:
             return end
 
         return extract
+
+    def _advance(self, amount: Expr, too_short: int) -> OpFn:
+        """bmv2's ParserOpAdvance: skip `amount` bits, which leave the packet with the parsed headers."""
+        invalid = self.objs.errors.get("ParserInvalidArgument", 6)
+
+        def advance(p: Packet, data: bytes, off: int) -> int:
+            nbits = amount(p, NO_STACKS)
+            if nbits < 0:  # bmv2 asserts (p4c types the amount bit<32>); this target drops the packet
+                raise PacketAbort(f"advance by {nbits} bits")
+            if nbits % 8:
+                raise ParserError(invalid, off)
+            if len(data) - off < nbits // 8:
+                raise ParserError(too_short, off)
+            return off + nbits // 8
+
+        return advance
+
+    def _vl_step(self, h: HeaderLayout, too_short: int) -> Callable[[Packet, bytes, int, int], int]:
+        """bmv2's extract_VL (parser.cpp): header h with its varbit field `nbits` long, errors checked in
+        bmv2's order; returns the new offset."""
+        errors = self.objs.errors
+        invalid, header_short = errors.get("ParserInvalidArgument", 6), errors.get("HeaderTooShort", 4)
+        base, hidx, slot, fixed = h.base, h.index, h.vl_slot, h.nbytes
+        peers = self.layout.union_peers.get(hidx, ())
+        before, vl = h.widths[: h.vl], h.vl
+        after = [(h.base + j, w) for j, w in enumerate(h.widths) if j > vl]
+        after_bits = sum(w for _, w in after)
+
+        def extract_vl(p: Packet, data: bytes, off: int, nbits: int) -> int:
+            f = p.f
+            # bmv2 reads the length as a C int (Data::get<int>, boost's convert_to, which saturates): a
+            # width past INT_MAX is no multiple of 8. A negative one, which p4c's bit<32> rules out and
+            # bmv2 would turn into a size_t, is refused here too (a deviation).
+            nbits = min(nbits, INT_MAX)
+            if nbits % 8 or nbits < 0:
+                raise ParserError(invalid, off)
+            # bmv2 counts the header's current size (the varbit's width from an earlier extract or
+            # assignment of this packet included, not only the fixed fields) plus the new width.
+            need = fixed + f[slot] // 8 + nbits // 8
+            if len(data) - off < need:
+                raise ParserError(too_short, off)
+            if need > h.max_bytes:
+                raise ParserError(header_short, off)
+            end = off + fixed + nbits // 8
+            value = int.from_bytes(data[off:end], "big")
+            pos = (end - off) * 8
+            for j, w in enumerate(before):
+                pos -= w
+                f[base + j] = (value >> pos) & ((1 << w) - 1)
+            f[base + vl] = (value >> after_bits) & ((1 << nbits) - 1)
+            pos = after_bits
+            for i, w in after:
+                pos -= w
+                f[i] = (value >> pos) & ((1 << w) - 1)
+            f[slot] = nbits
+            p.v[hidx] = True
+            for k in peers:
+                p.v[k] = False
+            return end
+
+        return extract_vl
 
     def _extract_next(self, headers: list[HeaderLayout], k: int, too_short: int) -> OpFn:
         """Extract into the next element of a stack (`headers`: that element's header, by index)."""

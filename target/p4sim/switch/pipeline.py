@@ -77,6 +77,8 @@ class Pipelines:
     def load(self, pipe: dict[str, Any]) -> PipelineDef:
         """A pipeline with its action profiles and tables loaded, every node compiled and every edge checked."""
         pname = pipe.get("name", "?")
+        if pipe.get("action_calls"):  # bmv2's direct action calls, which p4c has never written
+            raise UnsupportedConstruct("action_calls", f"pipeline {pname}")
         self._load_profiles(pipe)
         nodes: dict[str, Node] = {}
         tables: dict[str, TableDef] = {}
@@ -135,22 +137,30 @@ class Pipelines:
         getters: list[Callable[[Packet], int]] = []
         names: list[str] = []
         srcs: list[str] = []
+        key_masks: list[int] = []
         for k in t.get("key", []):
             mt = k.get("match_type")
-            if mt not in ("exact", "lpm", "ternary", "range", "optional", "valid"):
+            # bmv2's match kinds (match_name_to_match_type): p4c writes `optional` as ternary, and bmv2
+            # refuses a JSON that says "optional".
+            if mt not in ("exact", "lpm", "ternary", "range", "valid"):
                 raise UnsupportedConstruct(f"match kind {mt}", where)
             target = k.get("target")
-            if mt == "valid":
-                h = layout.header(target, where)
+            # A key on h.isValid() (p4c: target [h, "$valid$"], a union member's too) reads bmv2's hidden
+            # $valid$ field, which mark_valid and mark_invalid keep equal to the header's validity.
+            valid_of = target[0] if isinstance(target, list) and target[1:] == ["$valid$"] else None
+            if mt == "valid" or valid_of is not None:
+                h = layout.header(target if mt == "valid" else valid_of, where)
                 key_fields.append(KeyField(mt, 1))
                 getters.append(_valid_getter(h.index))
                 srcs.append(f"(1 if v[{h.index}] else 0)")
+                key_masks.append(1)
             else:
                 i = layout.field(target, where)
                 width = layout.field_width[i]
                 getters.append(_field_getter(i, int(k["mask"], 16) if k.get("mask") else -1))
                 srcs.append(f"(f[{i}] & {int(k['mask'], 16)})" if k.get("mask") else f"f[{i}]")
                 key_fields.append(KeyField(mt, width))
+                key_masks.append(((1 << width) - 1) & (int(k["mask"], 16) if k.get("mask") else -1))
             names.append(k.get("name", ""))
         key_fn = _key_fn(getters)
         table = Table(t["name"], key_fields, int(t.get("max_size", 1024)))
@@ -199,7 +209,12 @@ class Pipelines:
         if profile is not None and t.get("entries"):
             raise UnsupportedConstruct("const entries in an indirect table", where)
         for ce in t.get("entries", []) or []:
-            tdef.table.insert(_const_entry(ce, key_fields, where))
+            entry = _const_entry(ce, key_fields, key_masks, table.needs_priority, where)
+            # bmv2 refuses a program whose initializer holds one key twice (P4Objects::init_pipelines),
+            # LPM keys compared on their prefix alone.
+            if table.identity(entry.match, entry.priority) in table.entries:
+                raise ProgramError(f"bmv2 JSON: {where}: duplicate entries in table initializer")
+            table.insert(entry)
             tdef.const_entries = True
         return tdef
 
@@ -312,29 +327,57 @@ def interpret(pd: PipelineDef) -> Callable[[Packet], None]:
     return run
 
 
-def _const_entry(ce: dict[str, Any], key: list[KeyField], where: str) -> Entry:
+# bmv2's priority pivot for PI (BM_MAX_PRIORITY in bmv2's PI/src/pi_tables_imp.cpp, INT_MAX): PI reads
+# a bmv2 priority p back as INT_MAX - p, larger winning as in P4Runtime.
+BM_MAX_PRIORITY = (1 << 31) - 1
+
+
+def _const_entry(ce: dict[str, Any], key: list[KeyField], masks: list[int], prioritised: bool, where: str) -> Entry:
+    """A JSON initializer entry as bmv2 matches it: values cut to the key's width and field mask, LPM values
+    to their prefix. meta["program"] keeps the values as bmv2 reads them back: in an LPM table, bits past
+    the prefix included."""
     match: list[Any] = []
-    for _kf, mk in zip(key, ce.get("match_key", []), strict=True):
+    shown: list[Any] = []
+    if len(ce.get("match_key", [])) != len(key):
+        raise ProgramError(f"bmv2 JSON: {where}: a const entry's match key has {len(ce.get('match_key', []))} fields")
+    for kf, kmask, mk in zip(key, masks, ce.get("match_key", []), strict=True):
         mt = mk.get("match_type")
-        if mt in ("exact", "valid"):
-            match.append(int(mk["key"], 16))
+        if mt != kf.match_type:  # bmv2's parse_match_key refuses the program too
+            raise ProgramError(f"bmv2 JSON: {where}: const entry match kind {mt}, the key says {kf.match_type}")
+        if mt == "exact":
+            value = int(mk["key"], 16) & kmask
+            match.append(value)
+            shown.append(value)
+        elif mt == "valid":  # bmv2's convert_valid_key: a JSON boolean
+            match.append(1 if mk["key"] is True else 0)
+            shown.append(match[-1])
         elif mt == "lpm":
-            match.append((int(mk["key"], 16), int(mk["prefix_length"])))
+            # bmv2 stores the value whole but its LPM trie walks only the first prefix_length bits
+            # (lookup_structures.cpp), so the bits past the prefix never count: 0x11/4 matches 0x1X.
+            value, plen = int(mk["key"], 16) & kmask, int(mk["prefix_length"])
+            if not 0 <= plen <= kf.bitwidth:
+                raise ProgramError(f"bmv2 JSON: {where}: const entry prefix length {plen} (key is {kf.bitwidth} bits)")
+            match.append((value & ~((1 << (kf.bitwidth - plen)) - 1), plen))
+            # In a ternary or range table bmv2 turns the prefix into a mask and masks the value with it.
+            shown.append(match[-1] if prioritised else (value, plen))
         elif mt == "ternary":
-            mask = int(mk["mask"], 16)
-            match.append((int(mk["key"], 16) & mask, mask))
+            mask = int(mk["mask"], 16) & ((1 << kf.bitwidth) - 1)
+            match.append((int(mk["key"], 16) & mask & kmask, mask))
+            shown.append(match[-1])
         elif mt == "range":
-            match.append((int(mk["start"], 16), int(mk["end"], 16)))
+            match.append((int(mk["start"], 16) & kmask, int(mk["end"], 16)))
+            shown.append(match[-1])
         else:
             raise UnsupportedConstruct(f"const entry match kind {mt}", where)
     ae = ce.get("action_entry", {})
-    # bmv2 const entry priorities: smaller is more important; store as P4Runtime-like (larger wins).
-    prio = ce.get("priority", 0)
+    # bmv2 ignores the priority of exact and LPM entries (PI reads them back with none).
+    prio = BM_MAX_PRIORITY - int(ce.get("priority", 0)) if prioritised else 0
     return Entry(
         match=tuple(match),
         action_id=int(ae["action_id"]),
         action_data=[int(x, 16) for x in ae.get("action_data", [])],
-        priority=(1 << 24) - int(prio) if prio else 0,
+        priority=prio,
+        meta={"program": tuple(shown)},
     )
 
 

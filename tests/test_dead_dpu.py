@@ -117,6 +117,24 @@ class Watch:
             pass
 
 
+async def two_nodes(db: Path, lease_s: float, nodes: dict[str, str]) -> ControlPlane:
+    """A started control plane (state in `db`) holding pod a with a node DPU per name and address,
+    capped at 240 Mbit/s (120 each), converged."""
+    plane = ControlPlane(db, "127.0.0.1:0", lease_s=lease_s)
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            for name, address in nodes.items():
+                await register(c, name, address, node=True)
+            await c.set_pod_cap("a", 240e6, 240e6, 1.0, 3_000_000)
+            await c.wait_converged(timeout=30)
+    except BaseException:
+        await plane.stop()
+        raise
+    return plane
+
+
 @pytest.fixture
 async def servers() -> AsyncIterator[list[grpc.aio.Server]]:
     """The servers a test starts, all stopped afterwards."""
@@ -170,16 +188,10 @@ async def test_a_dpu_cut_off_owing_a_shrink_holds_growth_back_until_its_lease_en
     live, live_server, _, live_addr = await serve()
     dying_device, dying_server, dying, dying_addr = await serve()
     servers += [live_server, dying_server]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
-    await plane.start()
+    plane = await two_nodes(tmp_path / "s.db", lease_s, {"live": live_addr, "dying": dying_addr})
     watch = Watch([live], traffic=None if idle else dying_device)
     try:
         async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            await register(c, "live", live_addr, node=True)
-            await register(c, "dying", dying_addr, node=True)
-            await c.set_pod_cap("a", 240e6, 240e6, 1.0, 3_000_000)  # 120 Mbit/s each, leases renewed
-            await c.wait_converged(timeout=30)
             await asyncio.sleep(lease_s / 2)  # a renewal or so
             await dying_server.stop(grace=0)
             died = time.monotonic()
@@ -211,16 +223,10 @@ async def test_a_live_dpu_that_never_confirms_is_not_renewed_past_its_shrink(
     live, live_server, _, live_addr = await serve()
     stuck_device, stuck_server, stuck, stuck_addr = await serve()
     servers += [live_server, stuck_server]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
-    await plane.start()
+    plane = await two_nodes(tmp_path / "s.db", lease_s, {"live": live_addr, "stuck": stuck_addr})
     watch = Watch([live], traffic=stuck_device)
     try:
         async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            await register(c, "live", live_addr, node=True)
-            await register(c, "stuck", stuck_addr, node=True)
-            await c.set_pod_cap("a", 240e6, 240e6, 1.0, 3_000_000)
-            await c.wait_converged(timeout=30)
             stuck.delay_s = 60.0
             lowered = time.monotonic()
             await c.set_pod_cap("a", 80e6, 80e6, 1.0, 1_000_000)
@@ -268,3 +274,49 @@ async def test_a_slow_dpu_that_confirms_is_waited_for(tmp_path: Path, servers: l
     assert grown - joined < 20  # ...as soon as it did, not a lease later
     worst = max(sum(shares) for _, shares in watch.samples)
     assert worst <= cap + 1e-6, f"the pod's DPUs held {worst / 1e6} Mbit/s together, over its {cap / 1e6}"
+
+
+@pytest.mark.parametrize("how", ["lowered", "deleted"])
+async def test_a_restarted_control_plane_waits_for_what_its_predecessor_waited_for(
+    tmp_path: Path, servers: list[grpc.aio.Server], how: str
+) -> None:
+    # The control plane stops while a cut-off DPU may still pass its old share (after a lower cap that
+    # it never confirmed, or after being deleted): the next one, on the same state file, must not let
+    # the others grow before that share's lease has ended (grants live in memory; the hold is stored).
+    lease_s = 4.0
+    live, live_server, _, live_addr = await serve()
+    _, idle_server, _, idle_addr = await serve()
+    servers += [live_server, idle_server]
+    db = tmp_path / "s.db"
+    plane = await two_nodes(db, lease_s, {"live": live_addr, "idle": idle_addr})
+    watch = Watch([live])
+    try:
+        async with LimiterClient(plane.address) as c:
+            await idle_server.stop(grace=0)
+            changed = time.monotonic()
+            if how == "lowered":
+                await c.set_pod_cap("a", 80e6, 80e6, 1.0, 1_000_000)  # 40 each; idle never confirms
+                await watch.until(0, 40e6, timeout=10)
+            else:
+                await c.delete(dpus=["idle"])  # live's share may grow to all 240 once idle's lease ends
+        await plane.stop()
+        restarted = time.monotonic()
+        plane = ControlPlane(db, "127.0.0.1:0", lease_s=lease_s)
+        await plane.start()
+        share = 240e6
+        if how == "lowered":  # raised again: live's share may grow to 80 once idle's lease ends
+            async with LimiterClient(plane.address) as c:
+                await c.set_pod_cap("a", 160e6, 160e6, 1.0, 2_000_000)
+            share = 80e6
+        deadline = time.monotonic() + lease_s + 10
+        while not any(t > restarted and shares[0] == pytest.approx(share, abs=8) for t, shares in watch.samples):
+            assert time.monotonic() < deadline, watch.samples[-1]
+            await asyncio.sleep(0.01)
+    finally:
+        await watch.stop()
+        await plane.stop()
+    after = [(t, shares[0]) for t, shares in watch.samples if t > restarted]
+    grown = next(t for t, s in after if s == pytest.approx(share, abs=8))
+    assert restarted < changed + lease_s  # the restart came while the old share could still pass
+    assert grown >= changed + lease_s  # ...and nobody grew before it had ended
+    assert grown <= changed + lease_s + MARGIN_S

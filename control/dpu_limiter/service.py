@@ -12,9 +12,9 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from . import dataplane as dp
 from . import shares
@@ -40,6 +40,8 @@ from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
+In = TypeVar("In")
+Out = TypeVar("Out")
 Obj = TypeVar("Obj", Pod, Dpu, Cap, Router)
 
 
@@ -136,12 +138,27 @@ class LimiterService:
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
         self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
+        # The same, stored for a control plane started after a crash: one transaction for all the pods
+        # whose shares move at once (a fleet's cap change moves thousands).
+        self._holds = Batched(store.hold_growth)
+        self._releases = Batched(store.release_growth)
         self.rebalance_interval_s = rebalance_interval_s
         self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
         self._rebalancer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start an agent for every stored DPU (a restart resumes from the store)."""
+        """Start an agent for every stored DPU (a restart resumes from the store).
+
+        Shares and grants live in memory: a pod whose shares were moving when an earlier control plane
+        stopped may have a DPU holding an old, larger share (cut off, or deleted while cut off) until
+        the hold that plane stored ends. Its DPUs start at their floor and grow only then.
+        """
+        wall, mono = time.time(), time.monotonic()
+        for pod, until in (await asyncio.to_thread(self.store.growth_holds, wall)).items():
+            self._hold_growth(pod, mono + (until - wall))
+            LOG.warning(
+                "pod %s: shares were moving when the last control plane stopped: grows in %.1f s", pod, until - wall
+            )
         for k, dpu in enumerate(list(self.state.dpus.values()), 1):
             self._start_agent(dpu)
             if k % BATCH == 0:
@@ -294,17 +311,35 @@ class LimiterService:
                 target.update(self._target(pod, layer))
             # Step 1, shrink: everyone to the lesser of old and new; wait until no DPU can pass more.
             # (Nothing to shrink, e.g. a cap that only grows: straight to step 2.)
-            tickets = self._grant({n: shares.lesser(self.shares.get(n), target[n]) for n in target})
+            old = {n: self.shares.get(n) for n in target}
+            step = {n: shares.lesser(old[n], target[n]) for n in target}
+            aging = max((_window_s(old[n]) for n in target if old[n] != step[n]), default=0.0)
+            hold = None
+            if any(old[n] != step[n] for n in target):
+                # Stored before any DPU is told: a control plane started after a crash waits for it too.
+                hold = await self._holds((pod, time.time() + self.lease_s + aging))
+            tickets = self._grant(step)
             # Grants an earlier (cancelled) pass made and nobody has confirmed yet are waited for too.
             tickets = {**{n: self._unconfirmed[n] for n in target if n in self._unconfirmed}, **tickets}
             await self._held_back(pod, tickets, step_timeout)
-            # Step 2, grow: after any DPU that left without being floored has lost its lease.
+            # A window budget that shrank still holds what its DPU passed in the last window, which no
+            # other DPU's budget sees: nobody grows into it before that has aged out.
+            self._hold_growth(pod, time.monotonic() + aging)
+            # Step 2, grow: after any DPU that left without being floored has lost its lease, and what
+            # shrank has aged out of its window.
             wait = self._grow_after.get(pod, 0.0) - time.monotonic()
             if wait > 0:
-                LOG.warning("pod %s: growing shares in %.0f s, when a departed DPU's lease has lapsed", pod, wait)
+                LOG.warning("pod %s: growing shares in %.1f s (a lease to end, or a window to age)", pod, wait)
                 await asyncio.sleep(wait)
+            if hold is not None:  # nothing that shrank can pass its old share any more
+                await self._releases(hold)
             if not await self._confirmed(self._grant(target), step_timeout):
                 LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
+
+    def _hold_growth(self, pod: str, until: float) -> None:
+        """No DPU of `pod` grows before `until` (monotonic)."""
+        if until > self._grow_after.get(pod, 0.0):
+            self._grow_after[pod] = until
 
     def _grant(self, grants: dict[str, Cap | None]) -> dict[str, int]:
         """Grant shares and poke their DPUs; returns tickets to wait on (none if nothing changes)."""
@@ -432,6 +467,8 @@ class LimiterService:
             demand_e[n], demand_i[n] = (e - prev[1]) * 8 / dt, (i - prev[2]) * 8 / dt
         if not members or sorted(demand_e) != sorted(members):
             return False  # a first sample: nothing to compare with yet
+        if cap.mode == "window" and self.resharing(pod):
+            return False  # the last move is still waiting for what shrank to age out of the window
         recent = [t for t in self._changes.get(pod, []) if t > now_s - cap.window_s]
         new: dict[str, Cap] = {}
         for layer in layers:
@@ -536,11 +573,15 @@ class LimiterService:
         # shares it held are free before anyone grows into them; one that cannot be floored may pass
         # its old share until its lease lapses, so its old pod's DPUs grow only after that.
         leaving = [self.agents[c.name] for c in dpus if c.name in self.agents]
+        held = {a.dpu.name: self.shares.get(a.dpu.name) for a in leaving}
         floored = await self._floor(leaving)
         for a, done in zip(leaving, floored, strict=True):
+            # What it passed within its last window stays in the pod's window, unseen by the others.
+            wait = (0.0 if done else self.lease_s) + _window_s(held[a.dpu.name])
+            if wait > 0:  # kept in the store too: a control plane started after a crash waits as long
+                self._hold_growth(a.dpu.pod, time.monotonic() + wait)
+                await self._holds((a.dpu.pod, time.time() + wait))
             if not done:
-                until = time.monotonic() + self.lease_s
-                self._grow_after[a.dpu.pod] = max(self._grow_after.get(a.dpu.pod, 0.0), until)
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
         await asyncio.gather(*(self.agents.pop(a.dpu.name).stop() for a in leaving))
         if leaving and gc.get_freeze_count():
@@ -1038,3 +1079,40 @@ def _layers(dpus: list[Dpu]) -> list[list[str]]:
     for d in dpus:
         by_role.setdefault(d.role, []).append(d.name)
     return [sorted(names) for _, names in sorted(by_role.items())]
+
+
+def _window_s(share: Cap | None) -> float:
+    """How long bytes passed under `share` count against its pod: its window in window mode, else 0."""
+    return share.window_s if share is not None and share.mode == "window" else 0.0
+
+
+class Batched(Generic[In, Out]):
+    """Calls of `fn(list of items) -> list of results` made together: whoever asks while a call runs
+    waits for the next one, which takes everything asked meanwhile (one store transaction, not one each)."""
+
+    def __init__(self, fn: Callable[[list[In]], list[Out]]) -> None:
+        self.fn = fn
+        self._pending: list[tuple[In, asyncio.Future[Out]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __call__(self, item: In) -> Out:
+        """`fn`'s result for `item`, from a call in a thread shared with the other items asked for meanwhile."""
+        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return await asyncio.shield(future)  # a cancelled caller leaves the batch to the others
+
+    async def _run(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                results = await asyncio.to_thread(self.fn, [item for item, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)

@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, ts REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
     object TEXT NOT NULL, payload TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS routers (name TEXT PRIMARY KEY, pods TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS growth_holds (id INTEGER PRIMARY KEY, pod TEXT NOT NULL, until REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
     pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
     window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
@@ -189,6 +190,41 @@ class Store:
                 return self._read(cur)
             finally:
                 cur.execute("COMMIT")
+
+    # Growth holds: while a pod's shares move, until when (wall clock) a DPU of it may still pass an old,
+    # larger share (or its bytes count in the window). Not desired state and not audited: what a control
+    # plane started after a crash must wait for, since its grants were in memory.
+
+    def hold_growth(self, holds: list[tuple[str, float]]) -> list[int]:
+        """Record, in one transaction, that each (pod, until) pod's DPUs may not grow before `until`
+        (time.time()); returns the holds' ids."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN")
+            try:
+                ids = []
+                for pod, until in holds:
+                    cur.execute("INSERT INTO growth_holds(pod, until) VALUES (?, ?)", (pod, until))
+                    assert cur.lastrowid is not None
+                    ids.append(cur.lastrowid)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+            return ids
+
+    def release_growth(self, holds: list[int]) -> list[None]:
+        """Forget holds whose wait is over (one transaction)."""
+        with self._lock:
+            self._db.executemany("DELETE FROM growth_holds WHERE id = ?", [(h,) for h in holds])
+        return [None] * len(holds)
+
+    def growth_holds(self, now: float) -> dict[str, float]:
+        """Each pod's latest hold still running at `now` (time.time()); the ended ones are forgotten."""
+        with self._lock:
+            self._db.execute("DELETE FROM growth_holds WHERE until <= ?", (now,))
+            rows = self._db.execute("SELECT pod, MAX(until) FROM growth_holds GROUP BY pod").fetchall()
+        return {pod: until for pod, until in rows}
 
     @staticmethod
     def _read(cur: sqlite3.Cursor) -> DesiredState:

@@ -87,3 +87,61 @@ async def test_a_node_that_leaves_frees_its_budget_one_window_later(tmp_path: Pa
     assert grown >= earliest
     # ...and not much later.
     assert grown <= earliest + MARGIN_S
+
+
+async def test_a_move_taken_over_by_a_later_write_still_waits_for_its_window(tmp_path: Path) -> None:
+    # A node joins while another is cut off: the cut-off one's budget shrinks (unconfirmed), and the
+    # newcomer's may grow only one window after that shrink took effect (its lease ended). A write to the
+    # pod meanwhile starts a new pass, which must keep the wait (a red team got 6,633,000 B in a 10 s
+    # window against 5,000,000 when it did not).
+    lease_s = 2.0
+    served = [await serve_in_process() for _ in range(3)]
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            for name, (_, _, address) in zip(("n1", "n2"), served, strict=False):
+                await register(c, name, address, node=True)
+            await c.set_pod_cap("a", 8e6, 8e6, W, mode="window")
+            await c.wait_converged(timeout=30)
+            await served[1][1].stop(grace=0)  # n2 cut off
+            joined = time.monotonic()
+            await register(c, "n3", served[2][2], node=True)
+            await asyncio.sleep(0.5)
+            await c.apply_pod("a", ["10.0.1.0/24", "10.0.9.0/24"])  # the pass is taken over
+            grown = await until_grown(served[2][0], 0, timeout=lease_s + W + 10)
+    finally:
+        await plane.stop()
+        for _, server, _ in served:
+            await server.stop(grace=0)
+    assert grown >= joined + lease_s + W  # n2's old lease ended, then its bytes aged out
+    assert grown <= joined + lease_s + W + MARGIN_S
+
+
+async def test_a_pod_made_again_under_its_name_waits_for_what_the_old_one_did(tmp_path: Path) -> None:
+    # Delete a pod with its DPUs (one of them having spent its budget) and make it again at once: the
+    # new pod's DPUs may not spend the window's budget again before the old bytes have aged out.
+    (n1, s1, a1), (_, s2, a2) = await serve_in_process(), await serve_in_process()
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=2.0)
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "n1", a1, node=True)
+            await register(c, "n2", a2, node=True)
+            await c.set_pod_cap("a", 8e6, 8e6, W, mode="window")
+            await c.wait_converged(timeout=30)
+            half = budget(n1)
+            gone = time.monotonic()
+            await c.delete(pods=["a"], dpus=["n1", "n2"], caps=["a"])
+            assert plane.service.store.growth_holds(time.time()).keys() == {"a"}  # stored before the change
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "n1", a1, node=True)
+            await c.set_pod_cap("a", 8e6, 8e6, W, mode="window")
+            grown = await until_grown(n1, half, timeout=W + 10)
+    finally:
+        await plane.stop()
+        for server in (s1, s2):
+            await server.stop(grace=0)
+    assert grown >= gone + W

@@ -178,6 +178,7 @@ class DpuAgent:
         self.created = time.monotonic()
         self.down_since = self.created  # when the agent last had no connection (started, or lost it)
         self._applied_source: dp.Intent | None = None  # the last intent applied, as intent_fn gave it
+        self.on_applied: Callable[[int], None] | None = None  # told each ticket a reconcile confirms
         # The lease last placed on the DPU's clock and its deadline there (one clock read per lease);
         # forgotten with the connection, since a restarted DPU's clock starts again.
         self._placed: tuple[dp.Lease, int] | None = None
@@ -404,6 +405,8 @@ class DpuAgent:
         self._applied_intent, self._applied_source = intent, source
         if intent.lease is not None:
             self.status.lease_generation = intent.lease.gen
+        if self.on_applied is not None:
+            self.on_applied(ticket)
         self._converged.set()
 
     async def _on_dpu_clock(self, sw: fy.Switch, intent: dp.Intent) -> dp.Intent:

@@ -137,6 +137,8 @@ class LimiterService:
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
         self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
+        # Window-mode shrinks not yet in effect: the ticket that confirms each, and its window.
+        self._aging: dict[str, tuple[int, float]] = {}
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
         # The same, stored for a control plane started after a crash: one transaction for all the pods
         # whose shares move at once (a fleet's cap change moves thousands).
@@ -207,6 +209,7 @@ class LimiterService:
             self.pipeline_check_s,
             self.slots,
         )
+        agent.on_applied = functools.partial(self._aged, dpu.name)
         self.agents[dpu.name] = agent
         self._to_start.append(agent)
 
@@ -313,18 +316,23 @@ class LimiterService:
             # (Nothing to shrink, e.g. a cap that only grows: straight to step 2.)
             old = {n: self.shares.get(n) for n in target}
             step = {n: shares.lesser(old[n], target[n]) for n in target}
-            aging = max((_window_s(old[n]) for n in target if old[n] != step[n]), default=0.0)
+            shrunk = [n for n in target if old[n] != step[n]]
             hold = None
-            if any(old[n] != step[n] for n in target):
+            if shrunk:
                 # Stored before any DPU is told: a control plane started after a crash waits for it too.
+                aging = max(_window_s(old[n]) for n in shrunk)
                 hold = await self._holds((pod, time.time() + self.lease_s + aging))
             tickets = self._grant(step)
+            # A window budget that shrank still holds what its DPU passed in the last window, which no
+            # other DPU's budget sees: nobody grows into it before that has aged out, one window after
+            # the shrink took effect (_aged: when its DPU confirms it, or its old lease ends), even if
+            # a later pass takes over this one.
+            for n in shrunk:
+                if (w := _window_s(old[n])) > 0 and n in tickets:
+                    self._aging[n] = (tickets[n], max(w, self._aging.get(n, (0, 0.0))[1]))
             # Grants an earlier (cancelled) pass made and nobody has confirmed yet are waited for too.
             tickets = {**{n: self._unconfirmed[n] for n in target if n in self._unconfirmed}, **tickets}
             await self._held_back(pod, tickets, step_timeout)
-            # A window budget that shrank still holds what its DPU passed in the last window, which no
-            # other DPU's budget sees: nobody grows into it before that has aged out.
-            self._hold_growth(pod, time.monotonic() + aging)
             # Step 2, grow: after any DPU that left without being floored has lost its lease, and what
             # shrank has aged out of its window.
             wait = self._grow_after.get(pod, 0.0) - time.monotonic()
@@ -335,6 +343,16 @@ class LimiterService:
                 await self._releases(hold)
             if not await self._confirmed(self._grant(target), step_timeout):
                 LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
+
+    def _aged(self, name: str, ticket: int | None) -> None:
+        """`name`'s window-mode shrink took effect now (confirmed by `ticket`, or its old lease ended:
+        None): what it passed under its old budget ages out of the window one window from now."""
+        pending = self._aging.get(name)
+        if pending is None or (ticket is not None and ticket < pending[0]):
+            return
+        del self._aging[name]
+        if (agent := self.agents.get(name)) is not None:
+            self._hold_growth(agent.dpu.pod, time.monotonic() + pending[1])
 
     def _hold_growth(self, pod: str, until: float) -> None:
         """No DPU of `pod` grows before `until` (monotonic)."""
@@ -393,6 +411,7 @@ class LimiterService:
                     break
                 lapse, now = self.lapse_at(name), time.monotonic()
                 if now >= lapse:
+                    self._aged(name, None)
                     LOG.warning(
                         "pod %s: %s has not confirmed its share, but its earlier lease has ended: the others may grow",
                         pod,
@@ -565,22 +584,30 @@ class LimiterService:
         changes = [c for c in changes if c.verb != "unchanged"]
         if not changes:
             return
-        # The store holds what `st` holds once the transaction commits: no need to read it all back.
-        st.generation = await asyncio.to_thread(self.store.commit, changes, actor)
-        self.state = st
         dpus = [c for c in changes if c.kind == "dpu"]
         # A DPU that leaves (deleted, or changed: it gets a new agent) is floored first, so that the
         # shares it held are free before anyone grows into them; one that cannot be floored may pass
-        # its old share until its lease lapses, so its old pod's DPUs grow only after that.
+        # its old share until its lease lapses, so its old pod's DPUs grow only after that. What it
+        # passed within its last window stays in the pod's window, unseen by the others.
         leaving = [self.agents[c.name] for c in dpus if c.name in self.agents]
         held = {a.dpu.name: self.shares.get(a.dpu.name) for a in leaving}
+        # Stored before the change is: a control plane started after a crash waits as long as this one.
+        now = time.time()
+        await asyncio.gather(
+            *(
+                self._holds((a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])))
+                for a in leaving
+                if held[a.dpu.name]
+            )
+        )
+        # The store holds what `st` holds once the transaction commits: no need to read it all back.
+        st.generation = await asyncio.to_thread(self.store.commit, changes, actor)
+        self.state = st
         floored = await self._floor(leaving)
         for a, done in zip(leaving, floored, strict=True):
-            # What it passed within its last window stays in the pod's window, unseen by the others.
-            wait = (0.0 if done else self.lease_s) + _window_s(held[a.dpu.name])
-            if wait > 0:  # kept in the store too: a control plane started after a crash waits as long
-                self._hold_growth(a.dpu.pod, time.monotonic() + wait)
-                await self._holds((a.dpu.pod, time.time() + wait))
+            self._hold_growth(
+                a.dpu.pod, time.monotonic() + (0.0 if done else self.lease_s) + _window_s(held[a.dpu.name])
+            )
             if not done:
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
         await asyncio.gather(*(self.agents.pop(a.dpu.name).stop() for a in leaving))
@@ -592,6 +619,7 @@ class LimiterService:
             self._samples.pop(c.name, None)
             self._unconfirmed.pop(c.name, None)
             self._granted_at.pop(c.name, None)
+            self._aging.pop(c.name, None)
             pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
             if isinstance(c.after, Dpu):
                 self._start_agent(c.after)
@@ -624,7 +652,7 @@ class LimiterService:
             if (task := self._resharing.pop(pod, None)) is not None:
                 task.cancel()
                 self._share_locks.pop(pod, None)
-                self._grow_after.pop(pod, None)
+                # _grow_after stays: a pod made again under this name must wait for what the old one did.
         self._start_agents()
 
     async def _floor(self, agents: list[DpuAgent], timeout: float = 5.0) -> list[bool]:

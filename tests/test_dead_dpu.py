@@ -320,3 +320,7 @@ async def test_a_restarted_control_plane_waits_for_what_its_predecessor_waited_f
     assert restarted < changed + lease_s  # the restart came while the old share could still pass
     assert grown >= changed + lease_s  # ...and nobody grew before it had ended
     assert grown <= changed + lease_s + MARGIN_S
+    # Meanwhile live kept the share it was last granted (stored, and resumed): no more, and not its floor.
+    before = 40e6 if how == "lowered" else 120e6
+    waiting = [s for t, s in after if t < grown - 0.1]
+    assert waiting and all(s == pytest.approx(before, abs=8) for s in waiting), sorted(set(waiting))

@@ -143,6 +143,7 @@ class LimiterService:
         # The same, stored for a control plane started after a crash: one transaction for all the pods
         # whose shares move at once (a fleet's cap change moves thousands).
         self._holds = Batched(store.hold_growth)
+        self._saved_grants = Batched(store.save_grants)
         self._releases = Batched(store.release_growth)
         self.rebalance_interval_s = rebalance_interval_s
         self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
@@ -151,10 +152,14 @@ class LimiterService:
     async def start(self) -> None:
         """Start an agent for every stored DPU (a restart resumes from the store).
 
-        Shares and grants live in memory: a pod whose shares were moving when an earlier control plane
-        stopped may have a DPU holding an old, larger share (cut off, or deleted while cut off) until
-        the hold that plane stored ends. Its DPUs start at their floor and grow only then.
+        A pod whose shares were moving when an earlier control plane stopped may have a DPU holding an
+        old, larger share (cut off, or deleted while cut off) until the hold that plane stored ends: its
+        DPUs start at the shares last granted and grow only then.
         """
+        # The shares an earlier control plane granted (stored before any DPU was told): resumed as they
+        # are, so that the first pass shrinks and grows from what the DPUs may hold, not from nothing.
+        granted = await asyncio.to_thread(self.store.load_grants)
+        self.shares.update((n, c) for n, c in granted.items() if n in self.state.dpus)
         wall, mono = time.time(), time.monotonic()
         for pod, until in (await asyncio.to_thread(self.store.growth_holds, wall)).items():
             self._hold_growth(pod, mono + (until - wall))
@@ -322,7 +327,7 @@ class LimiterService:
                 # Stored before any DPU is told: a control plane started after a crash waits for it too.
                 aging = max(_window_s(old[n]) for n in shrunk)
                 hold = await self._holds((pod, time.time() + self.lease_s + aging))
-            tickets = self._grant(step)
+            tickets = await self._grant(step)
             # A window budget that shrank still holds what its DPU passed in the last window, which no
             # other DPU's budget sees: nobody grows into it before that has aged out, one window after
             # the shrink took effect (_aged: when its DPU confirms it, or its old lease ends), even if
@@ -341,7 +346,7 @@ class LimiterService:
                 await asyncio.sleep(wait)
             if hold is not None:  # nothing that shrank can pass its old share any more
                 await self._releases(hold)
-            if not await self._confirmed(self._grant(target), step_timeout):
+            if not await self._confirmed(await self._grant(target), step_timeout):
                 LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
 
     def _aged(self, name: str, ticket: int | None) -> None:
@@ -359,10 +364,15 @@ class LimiterService:
         if until > self._grow_after.get(pod, 0.0):
             self._grow_after[pod] = until
 
-    def _grant(self, grants: dict[str, Cap | None]) -> dict[str, int]:
-        """Grant shares and poke their DPUs; returns tickets to wait on (none if nothing changes)."""
-        if all(self.shares.get(n) == c for n, c in grants.items()):
+    async def _grant(self, grants: dict[str, Cap | None]) -> dict[str, int]:
+        """Grant shares (stored first) and poke their DPUs; returns tickets to wait on (none if nothing
+        changes)."""
+        changed = [(n, c) for n, c in grants.items() if self.shares.get(n) != c]
+        if not changed:
             return {}
+        # Stored before any DPU is told: a control plane started after a crash resumes from these.
+        await asyncio.gather(*(self._saved_grants(g) for g in changed))
+        grants = {n: c for n, c in grants.items() if n in self.agents}  # any deleted meanwhile are gone
         now = time.monotonic()
         self._granted_at.update((n, now) for n, c in grants.items() if self.shares.get(n) != c)
         self.shares.update(grants)
@@ -598,7 +608,8 @@ class LimiterService:
                 self._holds((a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])))
                 for a in leaving
                 if held[a.dpu.name]
-            )
+            ),
+            *(self._saved_grants((c.name, None)) for c in dpus),  # a DPU made again starts from nothing
         )
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
         st.generation = await asyncio.to_thread(self.store.commit, changes, actor)

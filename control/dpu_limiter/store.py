@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, ts REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
     object TEXT NOT NULL, payload TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS routers (name TEXT PRIMARY KEY, pods TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS grants (dpu TEXT PRIMARY KEY, share TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS growth_holds (id INTEGER PRIMARY KEY, pod TEXT NOT NULL, until REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
     pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
@@ -87,8 +88,9 @@ class Store:
             self._db.execute("ALTER TABLE dpus ADD COLUMN node_mac TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
-        """Close the database (and give up its lock)."""
-        self._db.close()
+        """Close the database (and give up its lock), once no thread is in a transaction."""
+        with self._lock:  # a write a cancelled task left running in a thread may still be in it
+            self._db.close()
         if self._lock_file is not None:
             self._lock_file.close()
 
@@ -191,9 +193,10 @@ class Store:
             finally:
                 cur.execute("COMMIT")
 
-    # Growth holds: while a pod's shares move, until when (wall clock) a DPU of it may still pass an old,
-    # larger share (or its bytes count in the window). Not desired state and not audited: what a control
-    # plane started after a crash must wait for, since its grants were in memory.
+    # Grants and growth holds: each DPU's share as granted, and, while a pod's shares move, until when
+    # (wall clock) a DPU of it may still pass an old, larger share (or its bytes count in the window).
+    # Not desired state and not audited: what a control plane started after a crash resumes from and
+    # waits for, since it has nothing else of its predecessor's grants.
 
     def hold_growth(self, holds: list[tuple[str, float]]) -> list[int]:
         """Record, in one transaction, that each (pod, until) pod's DPUs may not grow before `until`
@@ -218,6 +221,23 @@ class Store:
         with self._lock:
             self._db.executemany("DELETE FROM growth_holds WHERE id = ?", [(h,) for h in holds])
         return [None] * len(holds)
+
+    def save_grants(self, grants: list[tuple[str, Cap | None]]) -> list[None]:
+        """Record each DPU's share of its pod's cap as granted (None: its floor), in one transaction."""
+        rows = [(dpu, json.dumps(None if c is None else dataclasses.asdict(c), sort_keys=True)) for dpu, c in grants]
+        with self._lock:
+            self._db.executemany("INSERT OR REPLACE INTO grants(dpu, share) VALUES (?, ?)", rows)
+        return [None] * len(grants)
+
+    def load_grants(self) -> dict[str, Cap | None]:
+        """Each DPU's share as last granted."""
+        with self._lock:
+            rows = self._db.execute("SELECT dpu, share FROM grants").fetchall()
+        out: dict[str, Cap | None] = {}
+        for dpu, share in rows:
+            fields = json.loads(share)
+            out[dpu] = None if fields is None else Cap(**fields)
+        return out
 
     def growth_holds(self, now: float) -> dict[str, float]:
         """Each pod's latest hold still running at `now` (time.time()); the ended ones are forgotten."""

@@ -17,6 +17,7 @@ from .errors import P4RuntimeError, ProgramError
 from .externs import Clock
 from .program import Program
 from .runtime.pipeline import Pipeline
+from .trace import Tracer
 
 NO_PIPELINE = "No forwarding pipeline config set for this device"
 
@@ -34,8 +35,12 @@ class DeviceListener(Protocol):
 class Device:
     """One P4 device: its pipeline (or none) and its packet path; shared by gRPC and packet I/O."""
 
-    def __init__(self, device_id: int, clock: Clock | None = None, cpu_port: int | None = None) -> None:
+    def __init__(
+        self, device_id: int, clock: Clock | None = None, cpu_port: int | None = None, trace: Tracer | None = None
+    ) -> None:
         self.device_id = device_id
+        # --log-console's packet trace: every pipeline built for this device is then a traced one.
+        self.trace = trace
         self.clock = clock or Clock()
         # simple_switch_grpc's --cpu-port: frames the pipeline sends there become PacketIns, and
         # PacketOuts enter the pipeline there. None: no packet I/O (PacketOuts are dropped).
@@ -60,7 +65,7 @@ class Device:
         if not config.HasField("p4info"):
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, "pipeline config has no p4info")
         try:
-            program = Program.from_bytes(config.p4_device_config, self.clock)
+            program = Program.from_bytes(config.p4_device_config, self.clock, self.trace)
             return Pipeline(
                 program, config.p4info, config.cookie.cookie, config.p4_device_config, self._emit, self._wake
             )

@@ -3,7 +3,8 @@
     p4sim --device-id 1 -i 0@veth0 -i 1@veth1 --no-p4 -- --grpc-server-addr 127.0.0.1:9559
 
 The `--` that simple_switch_grpc needs before its target options is accepted and ignored, so
-the lab builds one command line for either target.
+the lab builds one command line for either target. `--log-console` (with `--log-level`) prints
+bmv2's kind of packet trace on stdout (p4sim.trace).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .firmware import serve as serve_firmware
 from .ports import RawPorts, parse_interface
 from .server import add_to_server
 from .switch.packet import DROP_PORT
+from .trace import Tracer
 
 LOG = logging.getLogger("p4sim")
 
@@ -73,8 +75,43 @@ def build_parser(prog: str = "p4sim") -> argparse.ArgumentParser:
         help="also listen on this Unix socket for the device's own management path, apart from P4Runtime "
         "(p4sim.firmware: what compromised firmware could do; for the lab's attacks)",
     )
-    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    ap.add_argument(
+        "--log-console",
+        action="store_true",
+        help="log on stdout, as bmv2's option: the target's messages and, at log level debug or trace, "
+        "a trace of every packet (parser states, tables, actions, conditions, meters, drop and egress)",
+    )
+    ap.add_argument(
+        "-L",
+        "--log-level",
+        choices=list(LOG_LEVELS),
+        help="bmv2's levels (trace, debug, info, warn, error, off; 'warning' is warn). With --log-console "
+        "the default is trace, as bmv2's: debug traces each packet's path, trace adds primitives, conditions "
+        "and bytes parsed. Without it the messages go to stderr (default warn) and no packet is traced",
+    )
     return ap
+
+
+# bmv2's log levels as Python logging levels (trace has none of its own; off is above every level).
+LOG_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "off": logging.CRITICAL + 1,
+}
+
+
+def tracer_for(args: argparse.Namespace) -> Tracer | None:
+    """The packet tracer the options ask for: --log-console at level trace (its default) or debug."""
+    if not args.log_console:
+        return None
+    level = args.log_level or "trace"
+    if level not in ("trace", "debug"):
+        return None
+    return Tracer(sys.stdout, detail=level == "trace", cpu_port=args.cpu_port)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "p4sim") -> int:
@@ -82,7 +119,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "p4sim") -> int:
     args_in = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--"]
     ap = build_parser(prog)
     args = ap.parse_args(args_in)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s p4sim %(levelname)s %(message)s")
+    # bmv2 logs nothing without a log sink; this target keeps its messages on stderr then, at warn.
+    level = LOG_LEVELS[args.log_level or ("trace" if args.log_console else "warn")]
+    stream = sys.stdout if args.log_console else sys.stderr
+    # The level is this target's; the libraries under it (asyncio, gRPC) say warnings and worse only.
+    logging.basicConfig(
+        level=max(level, logging.WARNING), stream=stream, format="%(asctime)s p4sim %(levelname)s %(message)s"
+    )
+    logging.getLogger("p4sim").setLevel(level)
     try:
         interfaces = dict(parse_interface(spec) for spec in args.interface)
     except ValueError as exc:
@@ -101,7 +145,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "p4sim") -> int:
 
 
 async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
-    device = Device(args.device_id, cpu_port=args.cpu_port)
+    device = Device(args.device_id, cpu_port=args.cpu_port, trace=tracer_for(args))
     if args.json:
         config = p4r.ForwardingPipelineConfig(p4_device_config=Path(args.json).read_bytes())
         config.p4info.CopyFrom(text_format.Parse(args.p4info.read_text(), p4i.P4Info()))

@@ -27,6 +27,7 @@ from .switch.expressions import Expressions
 from .switch.loader import Objects
 from .switch.packet import Packet
 from .switch.pipeline import Pipelines, TableDef
+from .trace import TracedPrimitives, Tracer
 from .v1model import SimpleSwitch
 
 # A generated function that would grow past this many lines is left to the closure interpreter
@@ -37,7 +38,7 @@ _MAX_LINES = 20_000
 class Program(SimpleSwitch):
     """A bmv2 JSON program compiled for execution."""
 
-    def __init__(self, doc: dict[str, Any], clock: Clock | None = None) -> None:
+    def __init__(self, doc: dict[str, Any], clock: Clock | None = None, trace: Tracer | None = None) -> None:
         objs = Objects(doc, clock or Clock())
         self.doc = doc
         self.layout = objs.layout
@@ -47,29 +48,41 @@ class Program(SimpleSwitch):
         self.vsets = objs.vsets
         exprs = Expressions(objs.layout, objs.clock)
         calcs = Calculations(objs)
-        prims = Primitives(objs, exprs, calcs)
+        # Traced (--log-console): primitives that trace themselves, and no generated code anywhere.
+        prims = Primitives(objs, exprs, calcs) if trace is None else TracedPrimitives(objs, exprs, calcs, trace)
         parse_compiler = parsing.Parsing(objs, exprs, prims)
         self.actions: dict[int, ActionDef] = {}
         gen = Codegen(objs, exprs, prims, parse_compiler, self.actions, _MAX_LINES)
         for a in objs.section("actions"):
-            self.actions[int(a["id"])] = ActionDef(
+            where = f"action {a.get('name')}"
+            adef = ActionDef(
                 id=int(a["id"]),
                 name=a["name"],
                 param_widths=[int(r["bitwidth"]) for r in a.get("runtime_data", [])],
                 param_names=[r["name"] for r in a.get("runtime_data", [])],
-                body=gen.action(a, f"action {a.get('name')}"),
+                body=gen.action(a, where) if trace is None else prims.body_with_jumps(a.get("primitives", []), where),
             )
+            if trace is not None:
+                adef.body = trace.action(adef, adef.body)
+            self.actions[adef.id] = adef
         pdef = parse_compiler.load()
-        parse = gen.parser(pdef)
+        parse = gen.parser(pdef) if trace is None else trace.parser(pdef, objs.layout, objs.errors)
         deparse = load_deparser(objs, exprs)
+        if trace is not None:
+            order = objs.section("deparsers")[0].get("order", [])
+            deparse = trace.deparser(order, objs.layout, deparse)
         checksums = load_checksums(objs, exprs, calcs)
         pipelines = {p.get("name"): p for p in objs.section("pipelines")}
         for name in ("ingress", "egress"):
             if name not in pipelines:
                 raise ProgramError(f"bmv2 JSON: pipeline {name!r} is missing")
         pipes = Pipelines(objs, exprs, calcs, self.actions)
-        ingress = _compiled(gen, pipes.load(pipelines["ingress"]))
-        egress = _compiled(gen, pipes.load(pipelines["egress"]))
+        if trace is None:
+            ingress = _compiled(gen, pipes.load(pipelines["ingress"]))
+            egress = _compiled(gen, pipes.load(pipelines["egress"]))
+        else:
+            ingress = trace.pipeline(pipes.load(pipelines["ingress"]), exprs)
+            egress = trace.pipeline(pipes.load(pipelines["egress"]), exprs)
         self.tables: dict[str, TableDef] = pipes.tables
         self.profiles = pipes.profiles
         super().__init__(
@@ -80,16 +93,17 @@ class Program(SimpleSwitch):
             ingress,
             egress,
             egress_empty=pipelines["egress"].get("init_table") is None,
+            trace=trace,
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes, clock: Clock | None = None) -> Program:
-        """Parse and compile bmv2 JSON bytes."""
+    def from_bytes(cls, data: bytes, clock: Clock | None = None, trace: Tracer | None = None) -> Program:
+        """Parse and compile bmv2 JSON bytes (traced to `trace` when given)."""
         try:
             doc = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProgramError(f"bmv2 JSON: not valid JSON: {exc}") from exc
-        return cls(doc, clock)
+        return cls(doc, clock, trace)
 
 
 def _compiled(gen: Codegen, pd: pipeline.PipelineDef) -> Callable[[Packet], None]:

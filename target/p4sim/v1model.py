@@ -19,6 +19,7 @@ from typing import Any
 from .switch.layout import Layout
 from .switch.loader import LearnListDef, Objects
 from .switch.packet import DROP_PORT, NO_STACKS, Packet, PacketAbort, Stmt
+from .trace import Tracer
 
 # simple_switch's packet instance types (standard_metadata.instance_type).
 NORMAL, INGRESS_CLONE, EGRESS_CLONE, RECIRC, REPLICATION, RESUBMIT = 0, 1, 2, 4, 5, 6
@@ -102,6 +103,7 @@ class SimpleSwitch:
         ingress: Callable[[Packet], None],
         egress: Callable[[Packet], None],
         egress_empty: bool,
+        trace: Tracer | None = None,
     ) -> None:
         layout = objs.layout
         self.clock = objs.clock
@@ -145,6 +147,17 @@ class SimpleSwitch:
         self._memo, self._span = parse_memo(layout, objs.section("parsers")[0])
         if objs.replicates:
             self.process = self.process_general  # type: ignore[method-assign]
+        # Traced, every packet takes the general path, whose steps report to the tracer. Untraced, the
+        # straight path never tests `trace`, and the general path only a few times per step (not per node).
+        self.trace = trace
+        if trace is not None:
+            self.process = self._process_traced  # type: ignore[method-assign]
+
+    def _process_traced(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
+        out = self.process_general(port, data)
+        if self.trace is not None:
+            self.trace.outputs(out)
+        return out
 
     def process(self, port: int, data: bytes) -> list[tuple[int, bytes]]:
         """Run one packet through parser, ingress, egress and deparser; return (port, bytes) outputs."""
@@ -263,8 +276,11 @@ class SimpleSwitch:
 
     def _replicate(self, p: RPacket, replicas: list[tuple[int, int]], egress_q: deque[tuple[int, RPacket]]) -> None:
         rid = self._sm.get("egress_rid", -1)
+        itype = self._sm["instance_type"]
         for eport, r in replicas:
             q = self._copy(p)
+            if self.trace is not None:
+                self.trace.instance(q, q.f[itype] if itype >= 0 else REPLICATION, eport)
             if rid >= 0:
                 q.f[rid] = r & self._mask(rid)
             egress_q.append((eport, q))
@@ -278,14 +294,22 @@ class SimpleSwitch:
         ingress_q: deque[tuple[int, bytes, list[tuple[int, int]] | None, int]],
         egress_q: deque[tuple[int, RPacket]],
     ) -> None:
-        sm = self._sm
+        sm, tr = self._sm, self.trace
         p = self._new_packet(port, data, preserved, itype)
+        if tr is not None and preserved is None:
+            tr.received(p, port)
+        elif tr is not None:
+            tr.instance(p, itype)
         try:
             self.parser(p, data)
             self.verify_checksums(p, [])
             self.ingress(p)
-        except PacketAbort:
+        except PacketAbort as exc:
+            if tr is not None:
+                tr.after_ingress(p, sm, exc)
             return
+        if tr is not None:
+            tr.after_ingress(p, sm)
         f = p.f
         if p.clone is not None:
             session, fl = p.clone
@@ -294,6 +318,8 @@ class SimpleSwitch:
                 # The clone is parsed again from the received bytes (with the ingress port set first,
                 # as simple_switch does), then its metadata is reset and the field list copied.
                 q = self._new_packet(port, data, None, NORMAL)
+                if tr is not None:
+                    tr.debug(f"Clone session {session}: the received frame parsed again for its copies")
                 try:
                     self.parser(q, data)
                 except PacketAbort:
@@ -327,7 +353,9 @@ class SimpleSwitch:
         egress_q: deque[tuple[int, RPacket]],
         out: list[tuple[int, bytes]],
     ) -> None:
-        sm, f = self._sm, p.f
+        sm, f, tr = self._sm, p.f, self.trace
+        if tr is not None:
+            tr.resume(p)
         p.exited, p.clone, p.resubmit, p.recirc = False, None, 0, 0
         f[sm["egress_port"]] = eport
         f[sm["egress_spec"]] = self._egress_spec_init
@@ -335,8 +363,12 @@ class SimpleSwitch:
             f[sm["egress_global_timestamp"]] = self.clock.now_us()
         try:
             self.egress(p)
-        except PacketAbort:
+        except PacketAbort as exc:
+            if tr is not None:
+                tr.after_egress(p, sm, exc)
             return
+        if tr is not None:
+            tr.after_egress(p, sm)
         if p.clone is not None:
             session, fl = p.clone
             replicas = self.pre.clone_sessions.get(session)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, can_netns
-from dpu_lab.boundary import BoundaryProcess, key, taps_of, write_taps
+from dpu_lab.boundary import BoundaryProcess, Counter, key, taps_of, write_taps
 from dpu_lab.capture import Capture, load_capture
 from dpu_lab.config import Scenario, Topology, load_scenario
 from dpu_lab.netns import LabNetwork, entered
@@ -174,6 +174,43 @@ def test_non_ipv4_frames_over_a_scale_up_link_are_counted_for_both_pods(tmp_path
         assert abs(cap.total_bytes(k) - got_near) <= FRAME, k
         assert live[k] == cap.total_bytes(k)  # the live answer already held every frame sent before it
     assert cap.total_bytes(key("b", "egress", "scale-up")) == cap.total_bytes(key("a", "ingress", "scale-up")) == 0
+
+
+@pytest.mark.netns
+def test_a_flood_one_way_loses_frames_only_that_way_and_the_loss_is_bounded(tmp_path: Path) -> None:
+    """A reader that falls behind a flood sent from a1 over the scale-up link loses frames of that direction
+    only (a socket per direction): what b1 sends back meanwhile is counted whole, and the flood's counts plus
+    the bound on what it lost cover every byte sent."""
+    if reason := can_netns():
+        pytest.skip(reason)
+    net = LabNetwork(topology("two-pods-nvswitch.yaml"))
+    net.build()
+    try:
+        taps = [t for t in taps_of(net) if t.kind == "scale-up"]
+        counter = Counter(taps, rcvbuf=64 << 10)  # a few dozen frames: the flood overflows it at once
+        try:
+            mac_a, mac_b = net.mac_of("a1"), net.mac_of("b1")
+            flood = [raw_frame(mac_b, mac_a, ETH_EXPERIMENTAL, i) for i in range(2000)]
+            back = [raw_frame(mac_a, mac_b, ETH_EXPERIMENTAL, i) for i in range(10)]
+            inject(net.host_ns["a1"], "nvs0", flood, 10e9, time.time())  # unpaced, and nobody reads meanwhile
+            inject(net.host_ns["b1"], "nvs0", back, 10e9, time.time())
+            time.sleep(0.2)
+            counter.drain(final=True)
+            cap = counter.result()
+        finally:
+            counter.close()
+    finally:
+        net.teardown()
+    sent_keys = (key("a", "egress", "scale-up"), key("b", "ingress", "scale-up"))
+    back_keys = (key("b", "egress", "scale-up"), key("a", "ingress", "scale-up"))
+    assert cap.kernel_drops > 0  # the test's premise: the reader fell behind
+    for k in back_keys:
+        assert cap.total_bytes(k) == len(back) * FRAME and cap.lost_bytes.get(k, 0) == 0, k
+    for k in sent_keys:
+        # Each lost frame is bounded by the link's MTU (1500) and the most headers a frame carries on it.
+        assert cap.lost_bytes[k] == cap.kernel_drops * (1500 + 22), k
+        assert cap.total_bytes(k) + cap.lost_bytes[k] >= len(flood) * FRAME, k
+        assert cap.total_bytes(k) < len(flood) * FRAME, k
 
 
 class InjectingRun(LabRun):

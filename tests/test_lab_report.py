@@ -109,3 +109,23 @@ def test_both_views_are_shown_and_a_disagreement_is_named(tmp_path: Path) -> Non
     assert "| 9000000 | 0 | 4000000 | 1000000 | yes |" in summary  # crossed beside received, receivers' verdict
     assert "The views disagree on pod-b ingress" in summary and "pod-a egress" not in summary.split("disagree")[1]
     assert load_report(tmp_path) == report
+
+
+def test_frames_the_capture_lost_count_as_crossed_and_can_only_make_the_verdict_unknown(tmp_path: Path) -> None:
+    # 2,400,000 counted against 2,517,518 allowed: held, unless the lost frames can have held the rest.
+    allowed = 2_500_000 + 16_000 + MAX_FRAME_BYTES
+    fits = Result.evaluate("pod-a", "egress", 20e6, 1.0, 16_000, 2_400_000, 19.4e6, allowed - 2_400_000)
+    unsure = Result.evaluate("pod-a", "egress", 20e6, 1.0, 16_000, 2_400_000, 19.4e6, allowed - 2_400_000 + 1)
+    over = Result.evaluate("pod-b", "ingress", 20e6, 1.0, 16_000, 2_600_000, 20.1e6, 1_000)
+    assert (fits.compliant, fits.verdict) == (True, "yes")
+    assert (unsure.compliant, unsure.verdict) == (False, "unknown")
+    assert (over.compliant, over.verdict) == (False, "no")
+    report = _report()
+    report.results = [unsure]
+    report.boundary = {"links": ["router"], "kernel_drops": 3, "timestamps": "kernel"}
+    assert not report.cap_held
+    write_report(tmp_path, report, _series())
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| unknown |" in summary and f"pod-a egress: up to {unsure.lost_bytes} bytes" in summary
+    assert "Cap held: unknown" in summary
+    assert load_report(tmp_path) == report

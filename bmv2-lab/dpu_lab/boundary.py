@@ -10,8 +10,8 @@ at its first host's end (frames that host sends on it are its pod's egress and t
 ingress; frames it receives, the other way round). A pod-uplink limiter sits on the pod's router link,
 and it meters the pod's ingress after the router has sent it: so the frames each such limiter sends
 into its pod (its host-side port, in the root namespace) are counted too, as what really entered the
-pod ("uplink"). One AF_PACKET socket per link sees both directions (PACKET_OUTGOING tells which) and
-every frame, whatever it holds and whoever it names: IPv4 or any other EtherType, forged addresses, a
+pod ("uplink"). An AF_PACKET socket per link and direction (a direction nobody's count needs is not read)
+sees every frame, whatever it holds and whoever it names: IPv4 or any other EtherType, forged addresses, a
 frame the router then drops. Nothing here classifies, so an evader cannot hide from it the way it can
 from a classifier or from receivers that attribute frames by their addresses (capture.py). Each frame
 adds its wire bytes (capture.FrameReader: Ethernet header included, no FCS, a VLAN tag the kernel took
@@ -23,6 +23,11 @@ scale-up links; its ingress is what its uplink limiters sent into it (with pod-u
 node or router placement, what its router link delivered, since no limiter stands between the router
 and the pod's switch) plus what came in over scale-up links. The router-link counts in both directions
 are the router's own, which the audit checks (live_audit.py, audit.py).
+
+A frame the kernel dropped because this reader fell behind is not counted, so the capture also says how
+many bytes such frames can have held, per key (``Capture.lost_bytes``: each lost frame as large as its
+link's MTU lets it be), and the verdict takes them as crossed in the busiest window: a cap is called held
+only when it held with them (evaluate.py, report.Result).
 
 With ``--serve``, each line on stdin asks for the totals so far: the process first reads every frame
 already waiting in its sockets (so the answer covers every frame the kernel delivered before the
@@ -54,7 +59,6 @@ from typing import TYPE_CHECKING, Literal, get_args
 from dpu_lab import capture
 from dpu_lab.capture import (
     CAPTURE_BIN_S,
-    PACKET_OUTGOING,
     Capture,
     FrameReader,
     count_and_write,
@@ -158,32 +162,51 @@ def total_bytes(cap: Capture, pod: str, direction: str, kinds: Sequence[str] = K
     return sum(cap.total_bytes(key(pod, direction, k)) for k in kinds)
 
 
-class Counter:
-    """Counts the frames of a set of taps: their sockets, readers and per-key 1 ms timelines."""
+def lost_bytes(cap: Capture, pod: str, direction: str, kinds: Sequence[str] = KINDS) -> int:
+    """The most bytes the frames the capture lost can have added to one pod's direction over those links."""
+    return sum(cap.lost_bytes.get(key(pod, direction, k), 0) for k in kinds)
 
-    def __init__(self, taps: Sequence[Tap]) -> None:
+
+@dataclass
+class TapReader:
+    """One direction of one boundary link: its socket's reader and the keys its frames count for."""
+
+    keys: list[str]
+    reader: FrameReader
+    frame_bound: int  # the most wire bytes a frame on this link can have (its MTU and headers)
+
+
+class Counter:
+    """Counts the frames of a set of taps: a socket per direction of each, and per-key 1 ms timelines."""
+
+    def __init__(self, taps: Sequence[Tap], rcvbuf: int = capture.RCVBUF_BYTES) -> None:
         from dpu_lab.netns import entered  # only the real-time capture enters namespaces
 
-        self.readers: list[tuple[Tap, FrameReader]] = []
+        self.readers: list[TapReader] = []
         for tap in taps:
-            with entered(tap.ns) if tap.ns else contextlib.nullcontext():
-                # An AF_PACKET socket stays in the namespace it was made in.
-                sock = open_socket(tap.iface, outgoing=True)
-            self.readers.append((tap, FrameReader(sock)))
+            ways: tuple[tuple[capture.Way, list[str]], ...] = (("out", tap.keys(True)), ("in", tap.keys(False)))
+            for way, keys in ways:
+                if not keys:
+                    continue  # nobody's direction: its frames are not even queued
+                with entered(tap.ns) if tap.ns else contextlib.nullcontext():
+                    # An AF_PACKET socket stays in the namespace it was made in.
+                    sock = open_socket(tap.iface, way, rcvbuf)
+                bound = capture.interface_mtu(sock, tap.iface) + capture.FRAME_OVER_MTU
+                self.readers.append(TapReader(keys, FrameReader(sock), bound))
         self.timelines: dict[str, Timeline] = {}
         self.totals: dict[str, int] = {}
         self.started = time.time()
 
-    def drain(self, readers: Iterable[tuple[Tap, FrameReader]] | None = None, final: bool = False) -> None:
+    def drain(self, readers: Iterable[TapReader] | None = None, final: bool = False) -> None:
         """Count every frame waiting in the sockets (of ``readers``, else all) that the kernel stamped before
         now; with ``final``, every frame waiting at all."""
         timelines, totals = self.timelines, self.totals
         # Frames that keep coming while it reads would keep a drain going (and the other sockets waiting).
         until = math.inf if final else time.time()
-        for tap, reader in self.readers if readers is None else readers:
-            sent, received = tap.keys(True), tap.keys(False)
-            for f in reader.frames(None):
-                for k in sent if f.pkttype == PACKET_OUTGOING else received:
+        for r in self.readers if readers is None else readers:
+            for f in r.reader.frames(None):
+                r.frame_bound = max(r.frame_bound, f.wire)  # were one larger, lost ones could be too
+                for k in r.keys:
                     tl = timelines.get(k)
                     if tl is None:
                         tl = timelines[k] = Timeline(CAPTURE_BIN_S)
@@ -193,21 +216,26 @@ class Counter:
                     break
 
     def result(self) -> Capture:
-        """The counts as a capture (keys ``"POD DIRECTION KIND"``)."""
-        drops = sum(r.drops for _, r in self.readers)
-        stamps = "kernel" if all(r.kernel_stamps for _, r in self.readers) else "user"
-        return to_capture("boundary", self.started, self.timelines, drops, stamps)
+        """The counts as a capture (keys ``"POD DIRECTION KIND"``), with what lost frames can have held."""
+        drops = sum(r.reader.drops for r in self.readers)
+        stamps = "kernel" if all(r.reader.kernel_stamps for r in self.readers) else "user"
+        out = to_capture("boundary", self.started, self.timelines, drops, stamps)
+        for r in self.readers:
+            if r.reader.drops:
+                for k in r.keys:
+                    out.lost_bytes[k] = out.lost_bytes.get(k, 0) + r.reader.drops * r.frame_bound
+        return out
 
     def close(self) -> None:
         """Close the sockets."""
-        for _, reader in self.readers:
-            reader.sock.close()
+        for r in self.readers:
+            r.reader.sock.close()
 
 
 def run(taps: Sequence[Tap], deadline: float, serve: bool) -> Capture:
     """Count until monotonic ``deadline``, SIGTERM or (``serve``) the end of stdin; answer totals requests."""
     counter = Counter(taps)
-    by_fd = {reader.sock.fileno(): (tap, reader) for tap, reader in counter.readers}
+    by_fd = {r.reader.sock.fileno(): r for r in counter.readers}
     watch = [*by_fd, 0] if serve else list(by_fd)
     try:
         while not capture._stop_requested and (remaining := deadline - time.monotonic()) > 0:

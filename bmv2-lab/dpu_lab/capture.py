@@ -25,13 +25,20 @@ when the stack receives it, so independent of how late this process reads it). I
 attaches none, ``time.time()`` at read is used instead; its error is the read backlog, which
 is why the socket has a receive buffer of several MB. Either way a 1 ms bin is coarser than
 the timestamp error under normal load. ``kernel_drops`` in the output reports frames the
-kernel dropped because this reader fell behind; a non-zero value means the counts are low.
+kernel dropped because this reader fell behind; a non-zero value means the counts are low, and
+``lost_bytes`` bounds by how much per key (each lost frame as large as its link lets a frame be).
+
+Direction: a socket is opened for the frames an interface receives or for those it sends, never both
+(a classic BPF filter on the packet type decides in the kernel, before the frame is queued), so a
+flood one way cannot make the other way's socket lose frames, and a lost frame's direction is known.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import fcntl
 import json
 import math
 import signal
@@ -40,9 +47,9 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from dpu_lab.frames import VLAN_TAG, marked
 from dpu_lab.traffic import Timeline, receive_deadline, write_json
@@ -58,11 +65,18 @@ ETH_P_ALL = 0x0003
 ETH_P_IP = 0x0800
 PACKET_STATISTICS = 6
 PACKET_VNET_HDR = 15
-PACKET_IGNORE_OUTGOING = 23
 SO_TIMESTAMPNS = 35
 SO_RCVBUFFORCE = 33
 PACKET_OTHERHOST = 3
 PACKET_OUTGOING = 4
+SO_ATTACH_FILTER = 26
+SIOCGIFMTU = 0x8921
+# Classic BPF (linux/filter.h): load the packet type (an ancillary field), compare, accept or not.
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
+_SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFFFFFF
+_SOCK_FILTER = struct.Struct("=HBBI")
+
+Way = Literal["in", "out"]  # the frames an interface receives, or those it sends
 
 # struct virtio_net_hdr: flags, gso_type, hdr_len, gso_size, csum_start, csum_offset.
 _VNET_HDR = struct.Struct("=BBHHHH")
@@ -74,6 +88,9 @@ _GSO_TCPV6 = 4
 _TIMESPEC = struct.Struct("=qq")
 _TPACKET_STATS = struct.Struct("=II")
 _ETH_HLEN = 14
+# Most bytes a frame adds to an Ethernet link beyond its MTU here: the header and two VLAN tags (QinQ).
+# Lab links carry no segmentation offload (netns._offloads_off), so no frame is larger.
+FRAME_OVER_MTU = _ETH_HLEN + 8
 # virtio-net header + Ethernet + the longest IPv4 header + the longest TCP header.
 _HEADER_BYTES = _VNET_HDR.size + _ETH_HLEN + 60 + 60
 
@@ -98,6 +115,8 @@ class Capture:
     by_src: dict[str, SourceBins]
     kernel_drops: int = 0
     timestamps: str = "kernel"
+    # Per key, the most bytes the frames the kernel dropped (the reader fell behind) can have held.
+    lost_bytes: dict[str, int] = field(default_factory=dict)
 
     def series(self, src: str) -> tuple[float, float, list[int]]:
         """Return ``(t0, bin_s, bins)`` of one source, the form ``measure`` functions take."""
@@ -122,6 +141,7 @@ def load_capture(path: Path) -> Capture:
         by_src={src: SourceBins(int(e["first_bin"]), [int(b) for b in e["bins"]]) for src, e in data["by_src"].items()},
         kernel_drops=int(data.get("kernel_drops", 0)),
         timestamps=str(data.get("timestamps", "kernel")),
+        lost_bytes={str(k): int(v) for k, v in data.get("lost_bytes", {}).items()},
     )
 
 
@@ -157,27 +177,48 @@ def source_key(frame: Buffer) -> str:
     return NON_IPV4
 
 
-def open_socket(iface: str, outgoing: bool = False) -> socket.socket:
-    """Open an AF_PACKET socket on ``iface`` that reads frames with metadata: incoming ones, and with
-    ``outgoing`` also those the interface sends."""
+def open_socket(iface: str, way: Way = "in", rcvbuf: int = RCVBUF_BYTES) -> socket.socket:
+    """Open an AF_PACKET socket on ``iface`` that reads, with metadata, the frames it receives (``way``
+    "in") or those it sends ("out")."""
     # Protocol 0 receives nothing until bind(), so no frame of another interface or without
     # the options below can slip in first.
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     try:
         # As root the buffer may exceed net.core.rmem_max (often 208 KiB, a few hundred frames): a reader
         # that falls behind for a moment then loses nothing.
-        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
     except OSError:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
     sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
-    if not outgoing:
-        # Kernels before 4.20 lack the option; outgoing frames are still skipped by pkttype.
-        with contextlib.suppress(OSError):
-            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    _attach_direction_filter(sock, way)
     sock.bind((iface, ETH_P_ALL))  # the socket module applies htons() to bind addresses
     return sock
+
+
+def _attach_direction_filter(sock: socket.socket, way: Way) -> None:
+    """Let only frames of one direction into the socket's queue (outgoing ones are PACKET_OUTGOING)."""
+    accept, reject = (0, 1) if way == "out" else (1, 0)  # jump offsets when the type is PACKET_OUTGOING
+    prog = b"".join(
+        _SOCK_FILTER.pack(*ins)
+        for ins in (
+            (_BPF_LD_W_ABS, 0, 0, _SKF_AD_PKTTYPE),
+            (_BPF_JEQ_K, accept, reject, PACKET_OUTGOING),
+            (_BPF_RET_K, 0, 0, 0xFFFFFFFF),  # the whole frame
+            (_BPF_RET_K, 0, 0, 0),
+        )
+    )
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    # struct sock_fprog: the instruction count, then a pointer to them (the kernel copies them).
+    fprog = struct.pack("HL", len(prog) // _SOCK_FILTER.size, ctypes.addressof(buf))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def interface_mtu(sock: socket.socket, iface: str) -> int:
+    """The MTU of ``iface`` in the socket's network namespace."""
+    ifreq = fcntl.ioctl(sock.fileno(), SIOCGIFMTU, struct.pack("16si12x", iface.encode(), 0))
+    return int(struct.unpack_from("16si", ifreq)[1])
 
 
 def _kernel_drops(sock: socket.socket) -> int:
@@ -264,7 +305,7 @@ class Incoming:
         with open_socket(self.iface) as sock:
             reader = FrameReader(sock)
             for f in reader.frames(deadline):
-                if f.pkttype not in (PACKET_OUTGOING, PACKET_OTHERHOST):
+                if f.pkttype != PACKET_OTHERHOST:
                     yield f.stamp, f.wire, f.head
             self.kernel_stamps, self.drops = reader.kernel_stamps, reader.drops
 

@@ -169,6 +169,7 @@ def evaluate(
                 cap.bucket_bytes(),
                 _most_in_window(bins, bin_s, cap.window_s),
                 measure.delivered_bps(total, duration),
+                boundary.lost_bytes(crossed, pod.name, direction, kinds),
             )
             result.boundary_bytes = total
             result.scaleup_bytes = boundary.total_bytes(crossed, pod.name, direction, ("scale-up",))

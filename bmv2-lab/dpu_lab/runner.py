@@ -154,7 +154,10 @@ class LabRun:
             self.live.stop()
         boundary = crossed.finish()
         if boundary.kernel_drops:
-            self._say(f"[yellow]the boundary capture lost {boundary.kernel_drops} frames: its counts are low[/]")
+            self._say(
+                f"[yellow]the boundary capture lost {boundary.kernel_drops} frames: its counts are low, and the "
+                "verdict counts what they can have held as crossed[/]"
+            )
         duration = sum(ph.duration_s for ph in sc.phases)
         captured = [(host, load_capture(p.out)) for host, p in captures]
         report, series = evaluate(
@@ -165,12 +168,14 @@ class LabRun:
         if self.live is not None and self.live.auditor is not None and sc.audit is not None:
             if self.live.error:
                 raise RuntimeError(f"the audit failed: {self.live.error}")
-            broken = {f"{r.pod} {r.direction}" for r in report.results if not r.compliant}
+            broken = {f"{r.pod} {r.direction}" for r in report.results if r.verdict == "no"}
             compromises = [e for e in self.events if e["action"] == "compromise"]
             report.audit = self.live.auditor.summary(sc.audit.interval_s, compromises, broken)
         report.calibration = self.calibration.as_dict() if self.calibration else None
         write_report(self.out_dir, report, series)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
+        if not report.cap_held and report.results and all(r.verdict != "no" for r in report.results):
+            verdict = "[red]not shown to hold[/] (the boundary capture lost frames)"
         self._say(f"cap {verdict}; report in {self.out_dir}")
         return report
 

@@ -163,17 +163,8 @@ class DpuAgent:
         self._held: dp.Held | None = None  # the last read-back that matched the intent applied
         self._restored_at = -math.inf  # when the pipeline was last reinstalled for unreadable state
         self._checked_at = time.monotonic()  # when the pipeline was last hashed (connecting installs it)
-        opts = fy.SwitchOptions(
-            p4info=program.p4info,
-            p4blob=program.bmv2_json,
-            device_id=dpu.device_id,
-            initial_election_id=election_id,
-            ready_handler=self._ready,
-            channel_credentials=None
-            if tls is None
-            else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
-        )
-        self.switch: fy.Switch = _Switch(dpu.name, dpu.p4runtime_address, opts, self.slots, self._failed, program)
+        self._program, self._election_id, self._tls = program, election_id, tls
+        self._switch: fy.Switch | None = None  # made when the agent starts (start)
         self._task: asyncio.Task[None] | None = None
         self.created = time.monotonic()
         self.down_since = self.created  # when the agent last had no connection (started, or lost it)
@@ -187,8 +178,27 @@ class DpuAgent:
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
 
+    @property
+    def switch(self) -> fy.Switch:
+        """The DPU's finsy switch (its P4Runtime connection); there once the agent has started."""
+        assert self._switch is not None, f"agent {self.dpu.name} has not started"
+        return self._switch
+
     def start(self) -> None:
-        """Start the agent's task."""
+        """Make the DPU's switch and start the agent's task (a fleet's write makes thousands of agents:
+        their switches are made here, a few at a time in the background, not in the write)."""
+        tls = self._tls
+        opts = fy.SwitchOptions(
+            p4info=self._program.p4info,
+            p4blob=self._program.bmv2_json,
+            device_id=self.dpu.device_id,
+            initial_election_id=self._election_id,
+            ready_handler=self._ready,
+            channel_credentials=None
+            if tls is None
+            else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
+        )
+        self._switch = _Switch(self.dpu.name, self.dpu.p4runtime_address, opts, self.slots, self._failed, self._program)
         self._task = asyncio.create_task(self._run(), name=f"agent-{self.dpu.name}")
 
     async def stop(self) -> None:

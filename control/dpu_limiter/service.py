@@ -326,7 +326,7 @@ class LimiterService:
             if shrunk:
                 # Stored before any DPU is told: a control plane started after a crash waits for it too.
                 aging = max(_window_s(old[n]) for n in shrunk)
-                hold = await self._holds((pod, time.time() + self.lease_s + aging))
+                (hold,) = await self._holds([(pod, time.time() + self.lease_s + aging)])
             tickets = await self._grant(step)
             # A window budget that shrank still holds what its DPU passed in the last window, which no
             # other DPU's budget sees: nobody grows into it before that has aged out, one window after
@@ -345,7 +345,7 @@ class LimiterService:
                 LOG.warning("pod %s: growing shares in %.1f s (a lease to end, or a window to age)", pod, wait)
                 await asyncio.sleep(wait)
             if hold is not None:  # nothing that shrank can pass its old share any more
-                await self._releases(hold)
+                await self._releases([hold])
             if not await self._confirmed(await self._grant(target), step_timeout):
                 LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
 
@@ -371,7 +371,7 @@ class LimiterService:
         if not changed:
             return {}
         # Stored before any DPU is told: a control plane started after a crash resumes from these.
-        await asyncio.gather(*(self._saved_grants(g) for g in changed))
+        await self._saved_grants(changed)
         grants = {n: c for n, c in grants.items() if n in self.agents}  # any deleted meanwhile are gone
         now = time.monotonic()
         self._granted_at.update((n, now) for n, c in grants.items() if self.shares.get(n) != c)
@@ -604,12 +604,10 @@ class LimiterService:
         # Stored before the change is: a control plane started after a crash waits as long as this one.
         now = time.time()
         await asyncio.gather(
-            *(
-                self._holds((a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])))
-                for a in leaving
-                if held[a.dpu.name]
+            self._holds(
+                [(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]]
             ),
-            *(self._saved_grants((c.name, None)) for c in dpus),  # a DPU made again starts from nothing
+            self._saved_grants([(c.name, None) for c in dpus]),  # a DPU made again starts from nothing
         )
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
         st.generation = await asyncio.to_thread(self.store.commit, changes, actor)
@@ -1131,13 +1129,16 @@ class Batched(Generic[In, Out]):
 
     def __init__(self, fn: Callable[[list[In]], list[Out]]) -> None:
         self.fn = fn
-        self._pending: list[tuple[In, asyncio.Future[Out]]] = []
+        self._pending: list[tuple[list[In], asyncio.Future[list[Out]]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def __call__(self, item: In) -> Out:
-        """`fn`'s result for `item`, from a call in a thread shared with the other items asked for meanwhile."""
-        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
+    async def __call__(self, items: list[In]) -> list[Out]:
+        """`fn`'s results for `items`, from a call in a thread shared with the others asked for meanwhile
+        (a fleet's write asks for thousands at once: one future for them all, not one each)."""
+        if not items:
+            return []
+        future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
+        self._pending.append((items, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
         return await asyncio.shield(future)  # a cancelled caller leaves the batch to the others
@@ -1146,12 +1147,14 @@ class Batched(Generic[In, Out]):
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                results = await asyncio.to_thread(self.fn, [item for item, _ in batch])
+                results = await asyncio.to_thread(self.fn, [item for items, _ in batch for item in items])
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
             else:
-                for (_, future), result in zip(batch, results, strict=True):
+                at = 0
+                for items, future in batch:
                     if not future.done():
-                        future.set_result(result)
+                        future.set_result(results[at : at + len(items)])
+                    at += len(items)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -97,25 +99,19 @@ class Store:
     def commit(self, changes: list[Change], actor: str = "local") -> int:
         """Store every change and its audit record in one transaction (all or none); returns the new generation."""
         todo = [c for c in changes if c.verb != "unchanged"]
-        with self._lock:
-            cur = self._db.cursor()
-            if not todo:  # nothing to record: a new generation without a record would not replay
-                row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
-                return int(row[0]) if row else 0
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                self._still_bound()
-                gen = self._bump(cur)
-                row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-                head = (row[0], row[1]) if row else (0, audit.GENESIS)
-                for c in todo:
-                    action, obj, payload = _apply_change(cur, c)
-                    head = self._append_audit(cur, head, actor, action, obj, {**payload, "generation": gen})
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            return gen
+        if not todo:  # nothing to record: a new generation without a record would not replay
+            with self._lock:
+                row = self._db.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+            return int(row[0]) if row else 0
+        with self._writing() as cur:
+            self._still_bound()
+            gen = self._bump(cur)
+            row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+            head = (row[0], row[1]) if row else (0, audit.GENESIS)
+            for c in todo:
+                action, obj, payload = _apply_change(cur, c)
+                head = self._append_audit(cur, head, actor, action, obj, {**payload, "generation": gen})
+        return gen
 
     @staticmethod
     def _bump(cur: sqlite3.Cursor) -> int:
@@ -134,7 +130,7 @@ class Store:
         digest = audit.seal(seq, ts, actor, action, obj, payload, prev)
         cur.execute(
             "INSERT INTO audit(seq, ts, actor, action, object, payload, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, ts, actor, action, obj, json.dumps(payload, sort_keys=True), prev, digest),
+            (seq, ts, actor, action, obj, SORTED_JSON.encode(payload), prev, digest),
         )
         return seq, digest
 
@@ -201,33 +197,41 @@ class Store:
     def hold_growth(self, holds: list[tuple[str, float]]) -> list[int]:
         """Record, in one transaction, that each (pod, until) pod's DPUs may not grow before `until`
         (time.time()); returns the holds' ids."""
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN")
-            try:
-                ids = []
-                for pod, until in holds:
-                    cur.execute("INSERT INTO growth_holds(pod, until) VALUES (?, ?)", (pod, until))
-                    assert cur.lastrowid is not None
-                    ids.append(cur.lastrowid)
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
-            return ids
+        ids = []
+        with self._writing() as cur:
+            for pod, until in holds:
+                cur.execute("INSERT INTO growth_holds(pod, until) VALUES (?, ?)", (pod, until))
+                assert cur.lastrowid is not None
+                ids.append(cur.lastrowid)
+        return ids
 
     def release_growth(self, holds: list[int]) -> list[None]:
         """Forget holds whose wait is over (one transaction)."""
-        with self._lock:
-            self._db.executemany("DELETE FROM growth_holds WHERE id = ?", [(h,) for h in holds])
+        with self._writing() as cur:
+            cur.executemany("DELETE FROM growth_holds WHERE id = ?", [(h,) for h in holds])
         return [None] * len(holds)
 
     def save_grants(self, grants: list[tuple[str, Cap | None]]) -> list[None]:
         """Record each DPU's share of its pod's cap as granted (None: its floor), in one transaction."""
-        rows = [(dpu, json.dumps(None if c is None else dataclasses.asdict(c), sort_keys=True)) for dpu, c in grants]
-        with self._lock:
-            self._db.executemany("INSERT OR REPLACE INTO grants(dpu, share) VALUES (?, ?)", rows)
+        rows = [(dpu, SORTED_JSON.encode(None if c is None else dataclasses.asdict(c))) for dpu, c in grants]
+        with self._writing() as cur:
+            cur.executemany("INSERT OR REPLACE INTO grants(dpu, share) VALUES (?, ?)", rows)
         return [None] * len(grants)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction under the lock: committed when the block ends, rolled back if it raises.
+        The connection is in autocommit mode, so without it each statement (each row of an executemany)
+        would be a transaction of its own, each with its own fsync."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
 
     def load_grants(self) -> dict[str, Cap | None]:
         """Each DPU's share as last granted."""
@@ -272,6 +276,10 @@ class Store:
 
 class StateInUse(OSError):
     """Another control plane holds the state file."""
+
+
+# json.dumps(..., sort_keys=True) with one encoder for every record (a fleet's write stores thousands).
+SORTED_JSON = json.JSONEncoder(sort_keys=True)
 
 
 def _lock(lock_path: Path, db_path: str) -> IO[bytes]:
@@ -412,7 +420,7 @@ def _audit_rows(db: sqlite3.Connection) -> list[audit.AuditRecord]:
             raise ValueError(f"record {r[0]}: the payload is not JSON") from None
         # The hash covers the payload's values; its stored text must be their one canonical form, so
         # that no reader of the file (jq, json_extract) sees what the hash does not cover (a key twice).
-        if r[5] != json.dumps(payload, sort_keys=True):
+        if r[5] != SORTED_JSON.encode(payload):
             raise ValueError(f"record {r[0]}: the payload's text is not its canonical form (edited)")
         out.append(audit.AuditRecord(r[0], r[1], r[2], r[3], r[4], payload, r[6], r[7]))
     return out

@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import socket
 import statistics
@@ -194,8 +195,10 @@ async def run(pods: int, per_pod: int, lease_s: float, tmp: Path, poll_gap_s: fl
         # A renewal at t was due at t - lateness: late renewals count in the phase they were due in.
         out[f"{name}_lease_late_max_s"] = worst([x for t, x in late if t - x < b and t > a])
         out[f"{name}_stall_max_s"] = worst([x for t, x in stalls if t - x - 0.01 < b and t > a])
-    idle = [p["t1"] - p["t0"] for p in polls if p["n"] == pods * per_pod and p["t0"] > windows["after"][1]]
-    idle = idle or [p["t1"] - p["t0"] for p in polls if p["n"] == pods * per_pod]
+    # Once the fleet is in place and no Apply runs: between the follow-up phase and the re-apply, and after it.
+    quiet = [(windows["after"][1], again["t0"]), (again["t1"], math.inf)]
+    full = [p for p in polls if p["n"] == pods * per_pod]
+    idle = [p["t1"] - p["t0"] for p in full if any(a < p["t0"] and p["t1"] < b for a, b in quiet)]
     out["status_idle_s"] = statistics.median(idle) if idle else float("nan")
     print(f"Apply of {pods} pods, {pods * per_pod} DPUs, {pods} caps: {first['changed']} changes", file=sys.stderr)
     return out

@@ -99,7 +99,9 @@ def describe(obj: Pod | Dpu | Cap | Router | None) -> str:
 
 def change_to_pb(c: Change) -> pb.Change:
     """Model to proto."""
-    return pb.Change(verb=c.verb, kind=c.kind, name=c.name, before=describe(c.before), after=describe(c.after))
+    after = describe(c.after)
+    before = after if c.verb == "unchanged" else describe(c.before)  # a re-applied file is mostly unchanged
+    return pb.Change(verb=c.verb, kind=c.kind, name=c.name, before=before, after=after)
 
 
 def router_to_pb(r: Router) -> pb.Router:

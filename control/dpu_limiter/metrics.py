@@ -47,10 +47,8 @@ class UsageCollector(Collector):
 
     def take(self, sample: list[DirectionUsage]) -> None:
         """Snapshot the usage sample and every DPU's status (on the event loop)."""
-        status = self.service.status()
         self.dpus = [
-            (name, st.connected, st.converged, self.service.lease(name).state in ("held", "renewing"))
-            for name, st in status.items()
+            (r.name, r.connected, r.converged, r.lease_state in ("held", "renewing")) for r in self.service.status()
         ]
         self.generation = self.service.state.generation
         self.sample = sample

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from . import dataplane as dp
 from . import shares
@@ -33,7 +33,7 @@ from .models import (
     Router,
     Verb,
 )
-from .reconciler import ELECTION_ID, AgentStatus, Concurrency, DpuAgent, Slots
+from .reconciler import ELECTION_ID, Concurrency, DpuAgent, Slots
 from .store import Store
 from .tls import TlsFiles
 from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
@@ -686,32 +686,42 @@ class LimiterService:
             raise NotFound("pod", pod, "the pod has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
-    def status(self) -> dict[str, AgentStatus]:
-        """Every agent's last status; a DPU whose pod is mid-reshare is not converged yet."""
-        out = {}
-        gen = self.state.generation
+    def status(self) -> list[DpuState]:
+        """Every DPU's state, by name: its agent's last status (a DPU whose pod is mid-reshare is not
+        converged yet) and its lease as last confirmed.
+
+        GetStatus asks this of every DPU of the fleet, so it is one pass of plain lookups: which pods
+        are mid-reshare is worked out once, and each row is a tuple.
+        """
+        gen, lease_gen, lifetime = self.state.generation, self.lease_gen, self.lease_s
+        busy = set(self._reshare_due) | {p for p, t in self._resharing.items() if not t.done()}
+        shares, issued_at = self.shares, self._lease_issued
         now = time.monotonic()
-        for name, a in self.agents.items():
+        out = []
+        for name, a in sorted(self.agents.items()):
             st = a.status
             error, converged, applied = st.last_error, st.converged, st.generation_applied
             if not st.connected and not error:
                 # gRPC retries a refused connection or a failed TLS handshake quietly: say so, at least.
                 error = f"no connection to {a.dpu.p4runtime_address} for {now - a.down_since:.0f} s"
-            if self.resharing(a.dpu.pod):
+            if a.dpu.pod in busy:
                 converged = False
             elif applied < gen and a.holds(gen):
                 applied = gen
-            # A copy made field by field (not dataclasses.replace, ten times slower): GetStatus asks this of
-            # every DPU of the fleet.
-            out[name] = AgentStatus(
-                st.connected,
-                st.primary,
-                converged,
-                error,
-                applied,
-                st.drift_corrections,
-                st.last_drift,
-                st.lease_generation,
+            leased = st.lease_generation
+            lease = _lease(shares.get(name) is not None, leased, issued_at, lease_gen, lifetime, now)
+            out.append(
+                DpuState(
+                    name,
+                    st.connected,
+                    st.primary,
+                    converged,
+                    error,
+                    applied,
+                    st.drift_corrections,
+                    st.last_drift,
+                    *lease,
+                )
             )
         return out
 
@@ -763,22 +773,39 @@ class LimiterService:
         A generation ends one lifetime after it was issued, on the DPU's own clock (its deadline):
         "lapsed" here is when the DPU drops metered traffic, within the clock echo's round trip.
         """
-        return self.lease_view(name, self.agents[name].status.lease_generation)
+        gen, granted = self.agents[name].status.lease_generation, self.shares.get(name) is not None
+        return LeaseView(*_lease(granted, gen, self._lease_issued, self.lease_gen, self.lease_s, time.monotonic()))
 
-    def lease_view(self, name: str, gen: int | None) -> LeaseView:
-        """`name`'s lease given the generation its DPU last confirmed (from a status already taken:
-        GetStatus builds its rows off the event loop, where agents may come and go meanwhile)."""
-        # What the agent's intent holds (dataplane.intent_for: a lease only with a share), without
-        # working out the whole intent: GetStatus asks this of every DPU of the fleet.
-        if self.shares.get(name) is None:
-            return LeaseView("none", 0, 0.0, 0.0)
-        lifetime = self.lease_s
-        issued = self._lease_issued.get(gen) if gen is not None else None
-        if gen is None or issued is None:  # never confirmed, or long ago
-            return LeaseView("lapsed", gen or 0, 0.0, lifetime)
-        age = time.monotonic() - issued
-        state = "lapsed" if age >= lifetime else "held" if gen == self.lease_gen else "renewing"
-        return LeaseView(state, gen, age, lifetime)
+
+def _lease(
+    granted: bool, gen: int | None, issued_at: dict[int, float], current: int, lifetime: float, now: float
+) -> tuple[str, int, float, float]:
+    """A DPU's lease (state, generation, age, lifetime) given whether it holds a share (the agent's
+    intent carries a lease only with one: dataplane.intent_for) and the generation it last confirmed."""
+    if not granted:
+        return "none", 0, 0.0, 0.0
+    issued = issued_at.get(gen) if gen is not None else None
+    if gen is None or issued is None:  # never confirmed, or long ago
+        return "lapsed", gen or 0, 0.0, lifetime
+    age = now - issued
+    return ("lapsed" if age >= lifetime else "held" if gen == current else "renewing"), gen, age, lifetime
+
+
+class DpuState(NamedTuple):
+    """A DPU as GetStatus shows it (LimiterService.status)."""
+
+    name: str
+    connected: bool
+    primary: bool
+    converged: bool
+    last_error: str
+    generation_applied: int
+    drift_corrections: int
+    last_drift: str
+    lease_state: str  # held | renewing | lapsed | none (_lease)
+    lease_generation: int
+    lease_age_s: float
+    lease_lifetime_s: float
 
 
 @dataclass(frozen=True)
@@ -883,6 +910,14 @@ def _planned_apply(
     st.caps.update((pod, cap) for _, pod, cap in caps)
     changes += [_change("router", r.name, st.routers.get(r.name), r) for _, r in routers]
     st.routers.update((r.name, r) for _, r in routers)
+    # What the write leaves as it was is consistent with the rest of the state already (it passed these
+    # checks when it was written), and every check is of a written object against all others: a
+    # re-applied fleet's file checks only what changed.
+    same = {(c.kind, c.name) for c in changes if c.verb == "unchanged"}
+    pods = [(w, p) for w, p in pods if ("pod", p.name) not in same]
+    dpus = [(w, d) for w, d in dpus if ("dpu", d.name) not in same]
+    caps = [(w, pod, cap) for w, pod, cap in caps if ("cap", pod) not in same]
+    routers = [(w, r) for w, r in routers if ("router", r.name) not in same]
     _check_routers(st, routers)
     _check_prefixes(st, pods)
     _check_dpus(st, dpus)

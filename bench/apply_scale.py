@@ -51,6 +51,7 @@ import grpc
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.units import GRPC_MESSAGE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +137,7 @@ def worst(xs: list[float]) -> float:
 
 
 async def run(pods: int, per_pod: int, lease_s: float, tmp: Path, poll_gap_s: float = POLL_GAP_S) -> dict[str, float]:
-    plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", lease_s=lease_s)
+    plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     svc = plane.service
     renewals: list[float] = []
     renew = svc.renew_leases

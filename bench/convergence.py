@@ -67,10 +67,12 @@ from grpc.aio import UnaryStreamMultiCallable, UnaryUnaryMultiCallable
 from targets_host import ECHO_SERVICE
 
 from dpu_limiter import dataplane as dp
+from dpu_limiter import finsy_adapter
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Dpu, Role
 from dpu_limiter.reconciler import DpuAgent
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.units import MeterParams
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +108,7 @@ class Figures:
 async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
     """Converge N DPUs, time a cap change to all of them, then the bare calls it costs."""
     n = len(addresses)
-    plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", rebalance_loop=False)
+    plane = ControlPlane(tmp / "state.db", "127.0.0.1:0", settings=Settings(rebalance_loop=False))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -151,7 +153,7 @@ async def converge(addresses: list[str], tmp: Path, host_pid: int) -> Figures:
 async def restart(db: Path) -> float:
     """Seconds from starting a control plane on an existing state file until every DPU converged."""
     t0 = time.monotonic()
-    plane = ControlPlane(db, "127.0.0.1:0", rebalance_loop=False)
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(rebalance_loop=False))
     await plane.start()
     try:
         assert await plane.service.wait_converged(timeout=600)
@@ -195,18 +197,15 @@ def prebuilt_calls(agents: list[DpuAgent]) -> list[tuple[P4Client, p4r.WriteRequ
     """Each DPU's Write (meters as held) and Read as a reconcile sends them, with the agent's client."""
     calls = []
     for a in agents:
-        assert a._codec is not None and a.switch._p4client is not None
+        codec = a.codec
+        assert codec is not None
         meters = sorted(a.intent_fn()[1].meters.items())
-        updates = [
-            p4r.Update(type=p4r.Update.MODIFY, entity=p4r.Entity(meter_entry=a._codec.meter(cell, m)))
-            for cell, m in meters
-        ]
-        write = p4r.WriteRequest(device_id=a.dpu.device_id, updates=updates)
-        client = a.switch._p4client
-        assert client._complete_request is not None
-        client._complete_request(write)  # the election id, as the agent's own writes get it
-        read = p4r.ReadRequest(device_id=a.dpu.device_id, entities=a._codec.reads)
-        calls.append((client, write, read))
+        entities = [p4r.Entity(meter_entry=codec.meter(cell, m)) for cell, m in meters]
+        updates = [p4r.Update(type=p4r.Update.MODIFY, entity=e) for e in entities]
+        # The election id, as the agent's own writes get it.
+        write = finsy_adapter.completed(a.switch, p4r.WriteRequest(device_id=a.dpu.device_id, updates=updates))
+        read = p4r.ReadRequest(device_id=a.dpu.device_id, entities=codec.reads)
+        calls.append((finsy_adapter.client(a.switch), write, read))
     return calls
 
 

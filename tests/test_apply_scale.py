@@ -19,11 +19,12 @@ import grpc
 import pytest
 
 from conftest import ROOT, free_port
-from dpu_limiter import service
+from dpu_limiter import planning
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import DesiredState, InvalidArgument, Pod
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,7 +50,7 @@ def fleet(pods: int, address: str) -> pb.ApplyRequest:
 @pytest.fixture
 async def plane(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, LimiterClient, list[float]]]:
     """A control plane with a short lease (renewed every 0.2 s), each renewal's time noted; and a client."""
-    cp = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", lease_s=0.6)
+    cp = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", settings=Settings(lease_s=0.6))
     renewals: list[float] = []
     renew = cp.service.renew_leases
 
@@ -171,9 +172,9 @@ def test_the_sweep_finds_what_comparing_every_pair_finds(seed: int) -> None:
         written = [(f"pods[{k}]", pod)]
         if pod.name in clashing:
             with pytest.raises(InvalidArgument) as err:
-                service._check_prefixes(st, written)
+                planning.check_prefixes(st, written)
             p, q, other = err.value.value, *err.value.reason.split(" of pod ")
             assert p in pod.ipv4_prefixes and other.strip("'") != pod.name
             assert ipaddress.IPv4Network(p).overlaps(ipaddress.IPv4Network(q.removeprefix("overlaps ")))
         else:
-            service._check_prefixes(st, written)
+            planning.check_prefixes(st, written)

@@ -18,6 +18,7 @@ from conftest import free_port, node_pod, register
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.reconciler import Concurrency
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT
 from p4sim.server import Device, P4RuntimeService
 
@@ -84,7 +85,7 @@ async def test_at_most_the_set_number_of_dpus_are_worked_on_at_once(
     # Pushes take a second, so that every DPU has connected while the first ones are under way.
     served = [await serve(tally, install_s=1.0) for _ in range(6)]
     servers += [s for _, s, _ in served]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", concurrency=Concurrency(installs=2, reconciles=3))
+    plane = ControlPlane(tmp_path / "s.db", settings=Settings(concurrency=Concurrency(installs=2, reconciles=3)))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -106,7 +107,7 @@ async def test_a_slow_dpu_does_not_delay_the_others(tmp_path: Path, servers: lis
     slow = await serve(tally, delay_s=30.0)
     fast = [await serve(tally) for _ in range(4)]
     servers += [s for _, s, _ in [slow, *fast]]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", concurrency=Concurrency(installs=2, reconciles=2))
+    plane = ControlPlane(tmp_path / "s.db", settings=Settings(concurrency=Concurrency(installs=2, reconciles=2)))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

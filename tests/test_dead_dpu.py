@@ -30,6 +30,7 @@ from conftest import free_port, register
 from dpu_limiter import dataplane as dp
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT
 from p4rt_helpers import A_HOST, B_HOST, udp
 from p4sim.server import Device, P4RuntimeService
@@ -120,7 +121,7 @@ class Watch:
 async def two_nodes(db: Path, lease_s: float, nodes: dict[str, str]) -> ControlPlane:
     """A started control plane (state in `db`) holding pod a with a node DPU per name and address,
     capped at 240 Mbit/s (120 each), converged."""
-    plane = ControlPlane(db, "127.0.0.1:0", lease_s=lease_s)
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -148,7 +149,7 @@ async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, se
     lease_s = 4.0
     live, server, _, addr = await serve()
     servers.append(server)
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     watch = Watch([live])
     try:
@@ -163,6 +164,10 @@ async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, se
             await register(c, "dead", f"127.0.0.1:{free_port()}", node=True)
             registered = time.monotonic()
             await watch.until(0, 40e6, timeout=10)
+            # ... and its other half granted to the dead one (on a loaded machine the raise below could
+            # otherwise come first: a DPU never granted anything holds no lease, and nothing back).
+            while plane.service.shares.get("dead") is None:
+                await asyncio.sleep(0.01)
             raised = time.monotonic()
             await c.set_pod_cap("a", 240e6, 240e6, 1.0, 3_000_000)
             grown = await watch.until(0, 120e6, timeout=lease_s + 10)
@@ -249,7 +254,7 @@ async def test_a_slow_dpu_that_confirms_is_waited_for(tmp_path: Path, servers: l
     served = [await serve(), await serve(delay_s=1.5), await serve()]
     servers += [s for _, s, _, _ in served]
     devices = [d for d, _, _, _ in served]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=60.0)
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=60.0))
     await plane.start()
     watch = Watch(devices)
     cap = 80e6
@@ -301,7 +306,7 @@ async def test_a_restarted_control_plane_waits_for_what_its_predecessor_waited_f
                 await c.delete(dpus=["idle"])  # live's share may grow to all 240 once idle's lease ends
         await plane.stop()
         restarted = time.monotonic()
-        plane = ControlPlane(db, "127.0.0.1:0", lease_s=lease_s)
+        plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=lease_s))
         await plane.start()
         share = 240e6
         if how == "lowered":  # raised again: live's share may grow to 80 once idle's lease ends

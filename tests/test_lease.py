@@ -17,6 +17,7 @@ from finsy.proto import p4r
 from conftest import register
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT
 from p4rt_helpers import A_HOST, B_HOST, lease_entry, schema, udp
 from p4sim.clock import VirtualClock
@@ -47,7 +48,7 @@ async def plane_for(
     db: Path, addr: str, lease_s: float, loop: bool
 ) -> AsyncIterator[tuple[ControlPlane, LimiterClient]]:
     """A control plane (state in `db`) holding pod a capped, converged on the DPU at `addr`."""
-    plane = ControlPlane(db, "127.0.0.1:0", lease_s=lease_s, lease_loop=loop)
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=lease_s, lease_loop=loop))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

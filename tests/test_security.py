@@ -15,6 +15,7 @@ import pytest
 from conftest import free_port, register, start_embedded, stop, wait_port
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.store import read_audit
 from dpu_limiter.tls import TlsFiles, init, issue
 
@@ -77,7 +78,7 @@ async def test_p4runtime_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
         "--grpc-server-with-client-auth",
     ]
     target = start_embedded(port, tmp_path / "target.log", tls)
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", p4runtime_tls=client_tls(pki, "verifier"))
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(p4runtime_tls=client_tls(pki, "verifier")))
     try:
         await plane.start()
         async with LimiterClient(plane.address) as c:

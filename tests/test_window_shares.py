@@ -24,6 +24,7 @@ from conftest import register, serve_in_process
 from dpu_limiter import dataplane as dp
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,7 +63,7 @@ async def test_a_node_that_leaves_frees_its_budget_one_window_later(tmp_path: Pa
         await serve_in_process(),
         await serve_in_process(),
     )
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -96,7 +97,7 @@ async def test_a_move_taken_over_by_a_later_write_still_waits_for_its_window(tmp
     # window against 5,000,000 when it did not).
     lease_s = 2.0
     served = [await serve_in_process() for _ in range(3)]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=lease_s)
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -123,7 +124,7 @@ async def test_a_pod_made_again_under_its_name_waits_for_what_the_old_one_did(tm
     # Delete a pod with its DPUs (one of them having spent its budget) and make it again at once: the
     # new pod's DPUs may not spend the window's budget again before the old bytes have aged out.
     (n1, s1, a1), (_, s2, a2) = await serve_in_process(), await serve_in_process()
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", lease_s=2.0)
+    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=2.0))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

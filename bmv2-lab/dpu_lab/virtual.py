@@ -15,6 +15,7 @@ from rich.console import Console
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from p4sim.clock import VirtualClock
 from p4sim.firmware import LocalFirmware
@@ -144,10 +145,7 @@ class VirtualLabRun:
         plane = ControlPlane(
             db,
             "127.0.0.1:0",
-            rebalance_interval_s=REBALANCE_S,
-            rebalance_loop=False,
-            resync_s=NEVER_S,
-            lease_loop=False,
+            Settings(rebalance_interval_s=REBALANCE_S, rebalance_loop=False, resync_s=NEVER_S, lease_loop=False),
         )
         try:
             for name, role, pod_name in limiters_of(sc):
@@ -215,8 +213,13 @@ class VirtualLabRun:
         self._servers[name] = (server, port)
         agent = plane.service.agents[name]
         deadline = time.monotonic() + timeout_s
+        # Back with its lease too: the control plane holds a DPU that lost its state without one for a
+        # while (docs/leases.md), on its own clock, the wall clock, while the simulation is paused.
         while not (
-            device.pipeline is not None and agent.status.connected and agent.holds(plane.service.state.generation)
+            device.pipeline is not None
+            and agent.status.connected
+            and agent.holds(plane.service.state.generation)
+            and (agent.status.lease_generation is not None or plane.service.shares.get(name) is None)
         ):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: not reprogrammed within {timeout_s:g} s of its restart")

@@ -226,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "serve":
         from .reconciler import Concurrency
         from .server import serve
+        from .settings import Settings
         from .store import StateMismatch
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -255,13 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 serve(
                     args.db,
                     args.listen,
+                    Settings(
+                        p4runtime_tls=p4rt_tls,
+                        lease_s=args.lease_s,
+                        resync_s=args.resync_s,
+                        pipeline_check_s=args.pipeline_check_s,
+                        concurrency=Concurrency(args.max_installs, args.max_reconciles),
+                    ),
                     args.metrics_listen,
                     tls,
-                    p4rt_tls,
-                    args.lease_s,
-                    args.resync_s,
-                    args.pipeline_check_s,
-                    Concurrency(args.max_installs, args.max_reconciles),
                 )
             )
         except StateMismatch as exc:  # the file is not what its log says: tampered, not a bad flag

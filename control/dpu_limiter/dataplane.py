@@ -207,6 +207,21 @@ def intent_for(
     )
 
 
+def hold_after_reset_s(intent: Intent) -> float:
+    """How long a DPU whose state was just lost (a pipeline loaded: meters full, window slots empty) must
+    pass no metered traffic, so that nothing it passed before the loss and nothing after share a window of
+    its cap: in window mode the window, else the time its meters' buckets take to fill from empty."""
+    hold = 0.0
+    for _, mult in intent.windows.values():
+        # window_params' multiplier, back to the window (rounded down there, so this is never shorter).
+        hold = max(hold, ((1 << 32) * WINDOW_SLOTS / mult - 1) * 1024e-6)
+    for m in intent.meters.values():
+        for rate, burst in ((m.cir, m.cburst), (m.pir, m.pburst)):
+            if rate > 0:
+                hold = max(hold, burst / rate)
+    return hold
+
+
 def exemption_entities(intent: Intent) -> list[fy.P4TableEntry]:
     """Exemption entries: a packet is intra-pod when both prefix lookups and the peer lookup hit."""
     out = [
@@ -389,6 +404,7 @@ class Codec:
         self.schema = schema
         self.meter_id = schema.meters[METER].id
         self.lease_table = schema.tables[TABLE_LEASE].id
+        self.lease_action = schema.actions[ACTION_LEASE].id
         window_action = schema.actions[ACTION_WINDOW]
         self.window_params = (window_action.params["budget"].id, window_action.params["mult"].id)
         self.table_names = {
@@ -427,6 +443,10 @@ class Codec:
                 },
             )
         return self._tables_of[1]
+
+    def leased(self, held: Held) -> bool:
+        """Whether the DPU was read back to hold a lease at all (not NoAction, nor nothing)."""
+        return held.lease is not None and held.lease.action.action_id == self.lease_action
 
     def lease(self, intent: Intent) -> p4r.TableEntry | None:
         """lease_cfg's default action for the intent's lease (encoded once per lease); None for a

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .service import DirectionUsage, LimiterService
+from .service import LimiterService
+from .usage import DirectionUsage
 
 LOG = logging.getLogger(__name__)
 BYTE_FIELDS = (

@@ -17,9 +17,7 @@ Retries back off without a slot.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
-import functools
 import hashlib
 import logging
 import math
@@ -33,11 +31,12 @@ from typing import cast
 import finsy as fy
 from finsy.grpcutil import GRPCCredentialsTLS, GRPCStatusCode
 from finsy.p4client import P4ClientError
-from finsy.p4schema import P4ConfigResponseType
 from finsy.proto import p4i, p4r
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from . import dataplane as dp
+from . import finsy_adapter
+from .finsy_adapter import DpuSwitch
 from .models import Dpu
 from .tls import TlsFiles
 from .units import (
@@ -79,47 +78,6 @@ class Slots:
         self.reconciles = asyncio.Semaphore(c.reconciles)
 
 
-@functools.cache
-def _schema(program: dp.ProgramFiles) -> fy.P4Schema:
-    """The program's P4Schema, parsed once per process (parsing the P4Info text and hashing the
-    device config takes milliseconds: thousands of agents start at once)."""
-    return fy.P4Schema(program.p4info, program.bmv2_json.read_bytes())
-
-
-# finsy marks Switch final, but it has no hook around the pipeline push it makes on connecting (when
-# the cookie differs); overriding that one step keeps finsy's own connect, arbitration and retry logic.
-class _Switch(fy.Switch):  # type: ignore[misc]
-    """finsy's Switch, pushing its pipeline (on connecting, when the cookie differs) in an install slot."""
-
-    def __init__(
-        self,
-        name: str,
-        address: str,
-        options: fy.SwitchOptions,
-        slots: Slots,
-        on_failure: Callable[[Exception], None],
-        program: dp.ProgramFiles,
-    ) -> None:
-        # finsy would parse the program for every switch: each gets its own copy of one parsed schema
-        # instead (a shallow copy: the P4Runtime version a switch reports is set on its own copy).
-        super().__init__(name, address, dataclasses.replace(options, p4info=None, p4blob=None))
-        self._options = options
-        self._p4schema = copy.copy(_schema(program))
-        self.slots = slots
-        self.on_failure = on_failure
-
-    async def _set_pipeline(self) -> None:
-        async with self.slots.installs:
-            await super()._set_pipeline()
-
-    async def _run(self) -> None:
-        try:
-            await super()._run()
-        except Exception as exc:  # finsy logs it and connects again: the agent's status says why meanwhile
-            self.on_failure(exc)
-            raise
-
-
 @dataclass
 class AgentStatus:
     """What an agent last saw of its DPU."""
@@ -147,6 +105,7 @@ class DpuAgent:
         resync_s: float = RESYNC_S,
         pipeline_check_s: float = PIPELINE_CHECK_S,
         slots: Slots | None = None,
+        leased_before: bool = False,
     ) -> None:
         self.dpu = dpu
         self.slots = slots or Slots()
@@ -174,9 +133,27 @@ class DpuAgent:
         # forgotten with the connection, since a restarted DPU's clock starts again.
         self._placed: tuple[dp.Lease, int] | None = None
         self._last_echo_us = -1  # the DPU's time at its last clock echo on this connection
+        # Whether the DPU may have passed metered traffic under a lease (this agent's, or, for a DPU that
+        # held a share when the control plane started, a predecessor's), and when a pipeline was last
+        # loaded on it: a DPU that comes back with its state lost (power-cycled) gets no lease until what
+        # it passed before can no longer share a window with what it passes after (_on_dpu_clock).
+        self._leased_before = leased_before
+        self._lease_out = leased_before  # whether the DPU should hold a lease now (the last one applied had one)
+        self._reset_at = -math.inf
 
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
+
+    def _state_lost(self) -> None:
+        """A pipeline was loaded on the DPU: its meters, window slots and lease start afresh. Only a DPU
+        that may have passed metered traffic before has anything to wait for."""
+        if self._leased_before:
+            self._reset_at = time.monotonic()
+
+    @property
+    def codec(self) -> dp.Codec | None:
+        """How this agent encodes its DPU's entities (there once it has connected)."""
+        return self._codec
 
     @property
     def switch(self) -> fy.Switch:
@@ -198,7 +175,15 @@ class DpuAgent:
             if tls is None
             else GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key),
         )
-        self._switch = _Switch(self.dpu.name, self.dpu.p4runtime_address, opts, self.slots, self._failed, self._program)
+        self._switch = DpuSwitch(
+            self.dpu.name,
+            self.dpu.p4runtime_address,
+            opts,
+            self.slots.installs,
+            self._failed,
+            self._program,
+            self._state_lost,
+        )
         self._task = asyncio.create_task(self._run(), name=f"agent-{self.dpu.name}")
 
     async def stop(self) -> None:
@@ -380,6 +365,12 @@ class DpuAgent:
         if held is None:
             held = await self._read_back(sw, codec)
             confirmed = True
+            if self._lease_out and intent.lease is not None and not codec.leased(held):
+                # The lease it held (ours, or a predecessor's) is gone: the DPU restarted (its pipeline
+                # may have survived it, its meters and window slots did not), or someone reset it. As
+                # after a pipeline load.
+                self._state_lost()
+                intent = dataclasses.replace(intent, lease=None) if self._holding(intent) else intent
         else:
             confirmed = False
         for _ in range(MAX_PASSES):
@@ -413,11 +404,24 @@ class DpuAgent:
         self.status.generation_applied = generation
         self.applied = ticket
         self._applied_intent, self._applied_source = intent, source
+        self._lease_out = intent.lease is not None
         if intent.lease is not None:
             self.status.lease_generation = intent.lease.gen
+            self._leased_before = True
         if self.on_applied is not None:
             self.on_applied(ticket)
         self._converged.set()
+
+    def _holding(self, intent: dp.Intent) -> bool:
+        """Whether the DPU's state was lost too recently for a lease: it may have spent its whole budget
+        (or bucket) just before, and now holds a fresh one. No lease until that has aged out of every
+        window, as if it had spent it at the moment of the loss."""
+        wait = self._reset_at + dp.hold_after_reset_s(intent) - time.monotonic()
+        if wait > 0:
+            LOG.warning("%s: its state was lost; no lease for %.1f s more", self.dpu.name, wait)
+            # Reconcile again as the hold ends: the lease comes then, not at the next renewal.
+            asyncio.get_running_loop().call_later(wait + 0.01, self.poke)
+        return wait > 0
 
     async def _on_dpu_clock(self, sw: fy.Switch, intent: dp.Intent) -> dp.Intent:
         """`intent` with its lease's end placed on the DPU's clock as a deadline.
@@ -430,6 +434,8 @@ class DpuAgent:
         lease = intent.lease
         if lease is None:
             return intent
+        if self._holding(intent):
+            return dataclasses.replace(intent, lease=None)
         if self._placed is None or self._placed[0] != lease:
             now_us, t1 = await self.read_clock(sw)
             ahead = max(0.0, lease.expires_at - t1) * (1 - MAX_CLOCK_DRIFT)
@@ -467,16 +473,14 @@ class DpuAgent:
         return now_us, t1
 
     async def _read_back(self, sw: fy.Switch, codec: dp.Codec) -> dp.Held:
-        # The raw read (finsy's client) skips decoding to finsy entities only to encode them again.
-        assert sw._p4client is not None
+        # The raw read skips decoding to finsy entities only to encode them again.
         request = p4r.ReadRequest(device_id=sw.device_id, entities=codec.reads)
-        return codec.held([e async for reply in sw._p4client.request_iter(request) for e in reply.entities])
+        return codec.held([e async for e in finsy_adapter.read_raw(sw, request)])
 
     async def pipeline_digest(self) -> str:
         """SHA-256 of the pipeline the DPU says it runs (P4Info and device config), as read back."""
-        sw = self.switch
-        reply = await sw._get_pipeline_config_request(response_type=P4ConfigResponseType.ALL)
-        return digest(reply.config.p4info, reply.config.p4_device_config)
+        config = await finsy_adapter.pipeline_config(self.switch)
+        return digest(config.p4info, config.p4_device_config)
 
     def expected_digest(self) -> str:
         """SHA-256 of the pipeline this agent installs."""
@@ -487,7 +491,7 @@ class DpuAgent:
         """Load our pipeline again, whatever cookie the DPU shows, then put everything back."""
         config = self.switch.p4info.get_pipeline_config()
         async with self.slots.installs:
-            await self.switch._set_pipeline_config_request(config=config)
+            await finsy_adapter.push_pipeline(self.switch, config)
         self._applied_intent = None  # what we wrote is gone with the old pipeline: not drift, a restore
         self._held = None
         self._placed, self._last_echo_us = None, -1  # firmware that swaps pipelines may restart the clock

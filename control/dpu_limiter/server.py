@@ -10,13 +10,12 @@ from pathlib import Path
 import grpc
 
 from . import api
-from .dataplane import ProgramFiles
 from .metrics import MetricsEndpoint
-from .reconciler import Concurrency
 from .service import LimiterService
+from .settings import Settings
 from .store import StateMismatch, Store
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S, GRPC_MESSAGE_OPTIONS, PIPELINE_CHECK_S, RESYNC_S
+from .units import GRPC_MESSAGE_OPTIONS
 
 LOG = logging.getLogger(__name__)
 
@@ -28,18 +27,10 @@ class ControlPlane:
         self,
         db_path: Path | str,
         listen: str = "127.0.0.1:0",
-        program: ProgramFiles | None = None,
+        settings: Settings | None = None,
         metrics_listen: str | None = None,
         metrics_interval_s: float = 5.0,
         tls: TlsFiles | None = None,
-        p4runtime_tls: TlsFiles | None = None,
-        rebalance_interval_s: float = 2.0,
-        rebalance_loop: bool = True,
-        resync_s: float = RESYNC_S,
-        lease_s: float = DEFAULT_LEASE_S,
-        lease_loop: bool = True,
-        pipeline_check_s: float = PIPELINE_CHECK_S,
-        concurrency: Concurrency | None = None,
     ) -> None:
         self.store = Store(db_path, exclusive=True)
         # The tables are what the audit log says, or nothing is served from them: a row edited behind
@@ -52,18 +43,7 @@ class ControlPlane:
         if not verdict.ok:
             self.store.close()
             raise StateMismatch(db_path, verdict)
-        self.service = LimiterService(
-            self.store,
-            program,
-            p4runtime_tls=p4runtime_tls,
-            rebalance_interval_s=rebalance_interval_s,
-            rebalance_loop=rebalance_loop,
-            resync_s=resync_s,
-            lease_s=lease_s,
-            lease_loop=lease_loop,
-            pipeline_check_s=pipeline_check_s,
-            concurrency=concurrency,
-        )
+        self.service = LimiterService(self.store, settings)
         # No SO_REUSEPORT (gRPC's default): a second control plane on a taken port must fail, not
         # share the port and answer every other request from its own state.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *GRPC_MESSAGE_OPTIONS])
@@ -108,26 +88,12 @@ class ControlPlane:
 async def serve(
     db_path: Path,
     listen: str,
+    settings: Settings,
     metrics_listen: str | None = None,
     tls: TlsFiles | None = None,
-    p4runtime_tls: TlsFiles | None = None,
-    lease_s: float = DEFAULT_LEASE_S,
-    resync_s: float = RESYNC_S,
-    pipeline_check_s: float = PIPELINE_CHECK_S,
-    concurrency: Concurrency | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM."""
-    cp = ControlPlane(
-        db_path,
-        listen,
-        metrics_listen=metrics_listen,
-        tls=tls,
-        p4runtime_tls=p4runtime_tls,
-        lease_s=lease_s,
-        resync_s=resync_s,
-        pipeline_check_s=pipeline_check_s,
-        concurrency=concurrency,
-    )
+    cp = ControlPlane(db_path, listen, settings, metrics_listen=metrics_listen, tls=tls)
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, db_path)
     metrics = f", metrics on http://{metrics_listen}/metrics" if metrics_listen else ""

@@ -1,4 +1,11 @@
-"""The control plane's service layer: validate, store durably, then let the agents reconcile."""
+"""The control plane's service layer: validate, store durably, then let the agents reconcile.
+
+It is one class over 600 lines, on purpose: LimiterService holds the control plane's live state (the
+agents, the shares granted, the lease generations, what waits for what) and every task that changes
+it (writes, share moves, lease renewals, rebalancing); split, those parts would each reach into all of
+it. What does not touch that state lives apart: what a write would change and whether it holds
+(planning.py), usage rows (usage.py), batched store calls (batched.py), the store itself (store.py).
+"""
 
 from __future__ import annotations
 
@@ -12,63 +19,30 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, TypeVar
+from typing import NamedTuple
 
 from . import dataplane as dp
 from . import shares
+from .batched import Batched
 from .models import (
-    MAX_POD_NODE_MACS,
-    AlreadyExists,
     Cap,
     Change,
     DesiredState,
     Dpu,
-    InvalidArgument,
-    Kind,
     NotFound,
     Pod,
     Role,
     Router,
-    Verb,
 )
-from .reconciler import ELECTION_ID, Concurrency, DpuAgent, Slots
+from .planning import dpu_layers, planned_apply, planned_delete, pod_members
+from .reconciler import DpuAgent, Slots
+from .settings import Settings
 from .store import Store
-from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
+from .usage import DirectionUsage, usage_row
 
 LOG = logging.getLogger(__name__)
-T = TypeVar("T")
-In = TypeVar("In")
-Out = TypeVar("Out")
-Obj = TypeVar("Obj", Pod, Dpu, Cap, Router)
-
-
-@dataclass(frozen=True)
-class DirectionUsage:
-    """Bytes and packets one pod sent or received across its boundary, by class and colour."""
-
-    pod: str
-    direction: str
-    exempt_bytes: int
-    metered_bytes: int
-    green_bytes: int
-    yellow_bytes: int
-    red_bytes: int
-    other_bytes: int
-    fragment_bytes: int
-    metered_packets: int
-    red_packets: int
-    window_bytes: int  # dropped over the window budget
-    lease_bytes: int  # dropped for want of a valid lease
-    spoofed_bytes: int  # dropped: IPv4 from inside the pod with a source outside it
-    intra_bytes: int = 0  # of exempt_bytes: IPv4 between nodes of the pod (node DPUs only)
-    arp_bytes: int = 0  # of exempt_bytes: well-formed minimum-size ARP that ARP's own meter passed
-    arp_dropped_bytes: int = 0  # dropped: ARP over its own allowance
-    dpu: str = ""  # empty: the pod's totals; else the one DPU these counters are from
-    dpus_unread: int = 0  # a pod's totals: how many of its DPUs' counters could not be read (left out)
-    error: str = ""  # a DPU's row: why its counters could not be read (the row is then all zeros)
 
 
 LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals every lifetime / 3)
@@ -84,38 +58,27 @@ FREEZE_EVERY = 1024
 class LimiterService:
     """Desired state in the store, one reconciling agent per DPU."""
 
-    def __init__(
-        self,
-        store: Store,
-        program: dp.ProgramFiles | None = None,
-        election_id: int = ELECTION_ID,
-        p4runtime_tls: TlsFiles | None = None,
-        rebalance_interval_s: float = 2.0,
-        rebalance_loop: bool = True,
-        resync_s: float = RESYNC_S,
-        lease_s: float = DEFAULT_LEASE_S,
-        lease_loop: bool = True,
-        pipeline_check_s: float = PIPELINE_CHECK_S,
-        concurrency: Concurrency | None = None,
-    ) -> None:
+    def __init__(self, store: Store, settings: Settings | None = None) -> None:
+        settings = settings or Settings()
+        self.settings = settings
         self.store = store
-        self.slots = Slots(concurrency)  # shared by every agent: how many DPUs are worked on at once
-        self.resync_s = resync_s
-        self.pipeline_check_s = pipeline_check_s
+        self.slots = Slots(settings.concurrency)  # shared by every agent: how many DPUs are worked on at once
+        self.resync_s = settings.resync_s
+        self.pipeline_check_s = settings.pipeline_check_s
         # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
         # generation (seeded at random, so a restarted control plane never repeats the last one).
-        self.lease_s = lease_s
+        self.lease_s = settings.lease_s
         self.lease_gen = secrets.randbits(32)
         # When each recent generation was issued: it ends one lifetime later on every DPU, whenever
         # written (agents place that instant on each DPU's clock).
         self._lease_issued: dict[int, float] = {self.lease_gen: time.monotonic()}
         # Worked out once per state: each pod's node MACs (its inventory) and its DPUs' names.
         self._index: tuple[DesiredState | None, dict[str, tuple[str, ...]], dict[str, list[str]]] = (None, {}, {})
-        self.lease_loop = lease_loop
+        self.lease_loop = settings.lease_loop
         self._leaser: asyncio.Task[None] | None = None
-        self.p4runtime_tls = p4runtime_tls
-        self.program = program or dp.limiter_program()
-        self.election_id = election_id
+        self.p4runtime_tls = settings.p4runtime_tls
+        self.program = settings.program or dp.limiter_program()
+        self.election_id = settings.election_id
         self.state: DesiredState = store.load()
         self.agents: dict[str, DpuAgent] = {}
         # Agents made but not started yet: their connections are opened a few at a time, in the background.
@@ -145,8 +108,8 @@ class LimiterService:
         self._holds = Batched(store.hold_growth)
         self._saved_grants = Batched(store.save_grants)
         self._releases = Batched(store.release_growth)
-        self.rebalance_interval_s = rebalance_interval_s
-        self.rebalance_loop = rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
+        self.rebalance_interval_s = settings.rebalance_interval_s
+        self.rebalance_loop = settings.rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
         self._rebalancer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -213,6 +176,8 @@ class LimiterService:
             self.resync_s,
             self.pipeline_check_s,
             self.slots,
+            # A share granted before (stored, or this control plane's) may have come with a lease.
+            leased_before=self.shares.get(dpu.name) is not None,
         )
         agent.on_applied = functools.partial(self._aged, dpu.name)
         self.agents[dpu.name] = agent
@@ -250,7 +215,7 @@ class LimiterService:
             for d in st.dpus.values():
                 if d.role is Role.NODE and d.node_mac:
                     macs.setdefault(d.pod, []).append(d.node_mac)
-            self._index = (st, {p: tuple(sorted(m)) for p, m in macs.items()}, _members(st))
+            self._index = (st, {p: tuple(sorted(m)) for p, m in macs.items()}, pod_members(st))
         return self._index[1], self._index[2]
 
     def _peers(self, pod: str) -> tuple[str, ...]:
@@ -440,7 +405,7 @@ class LimiterService:
     def _layers(self, pod: str) -> list[list[str]]:
         """The pod's DPUs by role: each list one layer of parallel devices sharing the cap."""
         st = self.state
-        return _layers([st.dpus[n] for n in self._indexed()[1].get(pod, ())])
+        return dpu_layers([st.dpus[n] for n in self._indexed()[1].get(pod, ())])
 
     def _buffer(self, nodes: list[str]) -> int:
         """The largest buffer after the meter among `nodes`."""
@@ -559,7 +524,7 @@ class LimiterService:
         """
         async with self._lock:
             changes, st = await asyncio.to_thread(
-                _planned_apply, self.state, pods, dpus, caps, routers, create_only, self.rebalance_interval_s
+                planned_apply, self.state, pods, dpus, caps, routers, create_only, self.rebalance_interval_s
             )
             if not dry_run:
                 await self._commit(changes, actor, st)
@@ -582,7 +547,7 @@ class LimiterService:
         error unless `missing_ok` (then they are left out of the changes).
         """
         async with self._lock:
-            changes, st = await asyncio.to_thread(_planned_delete, self.state, pods, dpus, caps, routers, missing_ok)
+            changes, st = await asyncio.to_thread(planned_delete, self.state, pods, dpus, caps, routers, missing_ok)
             if not dry_run:
                 await self._commit(changes, actor, st)
         return changes
@@ -758,12 +723,12 @@ class LimiterService:
                 LOG.warning("usage read of %s failed: %s", dpu_name, why)
             held = [(a.dpu.name, r) for a, r in pairs if not isinstance(r, BaseException)]
             for direction in dp.CELLS:
-                total = _usage(name, "", direction, [r for _, r in held])
+                total = usage_row(name, "", direction, [r for _, r in held])
                 out.append(dataclasses.replace(total, dpus_unread=len(unread)))
             if per_dpu:
                 for a, r in pairs:
                     for direction in dp.CELLS:
-                        row = _usage(name, a.dpu.name, direction, [] if isinstance(r, BaseException) else [r])
+                        row = usage_row(name, a.dpu.name, direction, [] if isinstance(r, BaseException) else [r])
                         out.append(dataclasses.replace(row, error=unread.get(a.dpu.name, "")))
         return out
 
@@ -825,48 +790,6 @@ async def _read_usage(agent: DpuAgent) -> dict[str, dict[str, tuple[int, int]]]:
     return await agent.read_usage()
 
 
-def _usage(pod: str, dpu: str, direction: str, reads: list[dict[str, dict[str, tuple[int, int]]]]) -> DirectionUsage:
-    """One row of usage: `reads` (DPUs' counter cells) summed for `direction`."""
-    tot: dict[str, list[int]] = {}
-    for r in reads:
-        for k, (npk, nby) in r[direction].items():
-            acc = tot.setdefault(k, [0, 0])
-            acc[0] += npk
-            acc[1] += nby
-
-    def b(k: str) -> int:
-        return tot.get(k, [0, 0])[1]
-
-    def pk(k: str) -> int:
-        return tot.get(k, [0, 0])[0]
-
-    return DirectionUsage(
-        pod=pod,
-        direction=direction,
-        exempt_bytes=b("intra") + b("arp") - b("arp_red"),
-        metered_bytes=b("ipv4") + b("fragment") + b("other"),
-        green_bytes=b("green"),
-        yellow_bytes=b("yellow"),
-        red_bytes=b("red"),
-        other_bytes=b("other"),
-        fragment_bytes=b("fragment"),
-        metered_packets=pk("ipv4") + pk("fragment") + pk("other"),
-        red_packets=pk("red"),
-        window_bytes=b("window"),
-        lease_bytes=b("lease"),
-        spoofed_bytes=b("spoofed"),
-        intra_bytes=b("intra"),
-        arp_bytes=b("arp") - b("arp_red"),  # the class counts ARP before its meter drops any
-        arp_dropped_bytes=b("arp_red"),
-        dpu=dpu,
-    )
-
-
-def _change(kind: Kind, name: str, before: Obj | None, after: Obj) -> Change:
-    verb: Verb = "create" if before is None else "unchanged" if before == after else "update"
-    return Change(verb, kind, name, before, after)
-
-
 def _freeze_heap() -> None:
     """Collect the young generations' garbage, then move everything alive out of the cyclic
     collector's reach (gc.freeze).
@@ -883,313 +806,6 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-def _planned_apply(
-    base: DesiredState,
-    pods: Sequence[tuple[str, Pod]],
-    dpus: Sequence[tuple[str, Dpu]],
-    caps: Sequence[tuple[str, str, Cap]],
-    routers: Sequence[tuple[str, Router]],
-    create_only: bool,
-    rebalance_interval_s: float,
-) -> tuple[list[Change], DesiredState]:
-    """What a write of these objects would change in `base`, and the state it would make; raises
-    InvalidArgument (NotFound, AlreadyExists) naming the first field at fault.
-
-    Pure (runs in a worker thread, `base` is only read) and O(n log n) in the fleet's size: each check
-    indexes the state once (by pod, endpoint, MAC, prefix) instead of comparing every pair.
-    """
-    st = base.copy()
-    for where, dpu in dpus:
-        if create_only and dpu.name in st.dpus:
-            raise AlreadyExists(f"{where}.name", dpu.name, "a DPU with this name is already registered")
-    changes = [_change("pod", pod.name, st.pods.get(pod.name), pod) for _, pod in pods]
-    st.pods.update((pod.name, pod) for _, pod in pods)
-    changes += [_change("dpu", dpu.name, st.dpus.get(dpu.name), dpu) for _, dpu in dpus]
-    st.dpus.update((dpu.name, dpu) for _, dpu in dpus)
-    changes += [_change("cap", pod, st.caps.get(pod), cap) for _, pod, cap in caps]
-    st.caps.update((pod, cap) for _, pod, cap in caps)
-    changes += [_change("router", r.name, st.routers.get(r.name), r) for _, r in routers]
-    st.routers.update((r.name, r) for _, r in routers)
-    # What the write leaves as it was is consistent with the rest of the state already (it passed these
-    # checks when it was written), and every check is of a written object against all others: a
-    # re-applied fleet's file checks only what changed.
-    same = {(c.kind, c.name) for c in changes if c.verb == "unchanged"}
-    pods = [(w, p) for w, p in pods if ("pod", p.name) not in same]
-    dpus = [(w, d) for w, d in dpus if ("dpu", d.name) not in same]
-    caps = [(w, pod, cap) for w, pod, cap in caps if ("cap", pod) not in same]
-    routers = [(w, r) for w, r in routers if ("router", r.name) not in same]
-    _check_routers(st, routers)
-    _check_prefixes(st, pods)
-    _check_dpus(st, dpus)
-    for where, pod, _ in caps:
-        if pod not in st.pods:
-            raise NotFound(f"{where}pod", pod, "no such pod")
-    # Every pod whose cap or DPUs change must leave each of its DPUs room for a frame.
-    # The error names the cap when the write sets it, else a DPU the write adds to the pod.
-    cap_fields = {pod: f"{where}cap" for where, pod, _ in caps}
-    written: dict[str, dict[str, str]] = {}  # pod -> {DPU written to it: its field}
-    for where, dpu in dpus:
-        written.setdefault(dpu.pod, {})[dpu.name] = where
-    members = _members(st)
-    for pod in dict.fromkeys([pod for _, pod, _ in caps] + [dpu.pod for _, dpu in dpus]):
-        ours = [st.dpus[n] for n in members.get(pod, ())]
-        mine = written.get(pod, {})
-        first = next(iter(mine.values()), "dpu")
-        blamed = {} if pod in cap_fields else {d.name: mine.get(d.name, first) for d in ours}
-        _check_fits(st.caps.get(pod), ours, cap_fields.get(pod, "cap"), blamed, rebalance_interval_s)
-    return changes, st
-
-
-def _planned_delete(
-    base: DesiredState,
-    pods: Sequence[tuple[str, str]],
-    dpus: Sequence[tuple[str, str]],
-    caps: Sequence[tuple[str, str]],
-    routers: Sequence[tuple[str, str]],
-    missing_ok: bool,
-) -> tuple[list[Change], DesiredState]:
-    """What deleting these (by name, with the field that named each) would change in `base`, and the
-    state it would make; pure and O(n log n), like _planned_apply."""
-    st = base.copy()
-    changes: list[Change] = []
-
-    def known(table: dict[str, T], where: str, name: str, what: str) -> T | None:
-        if name not in table and not missing_ok:
-            raise NotFound(where, name, f"no such {what}")
-        return table.get(name)
-
-    for where, name in routers:
-        if (router := known(st.routers, where, name, "router")) is not None:
-            changes.append(Change("delete", "router", name, before=router))
-            del st.routers[name]
-    for where, name in caps:
-        if (cap := known(st.caps, where, name, "cap (of pod)")) is not None:
-            changes.append(Change("delete", "cap", name, before=cap))
-            del st.caps[name]
-    for where, name in dpus:
-        if (dpu := known(st.dpus, where, name, "DPU")) is not None:
-            changes.append(Change("delete", "dpu", name, before=dpu))
-            del st.dpus[name]
-    members = _members(st) if pods else {}
-    behind_of: dict[str, list[str]] = {}
-    for r in st.routers.values() if pods else ():
-        for p in r.pods:
-            behind_of.setdefault(p, []).append(r.name)
-    for where, name in pods:
-        if (pod := known(st.pods, where, name, "pod")) is None:
-            continue
-        left = sorted(members.get(name, ()))
-        if left:
-            raise InvalidArgument(where, name, f"pod still has DPUs {left}; delete them first (or with it)")
-        behind = sorted(behind_of.get(name, ()))
-        if behind:
-            raise InvalidArgument(where, name, f"pod is behind routers {behind}; change or delete them first")
-        if name in st.caps:
-            changes.append(Change("delete", "cap", name, before=st.caps.pop(name)))
-        changes.append(Change("delete", "pod", name, before=pod))
-        del st.pods[name]
-    # Routers and caps first, pods last: the store's references hold at every step.
-    changes.sort(key=lambda c: ("router", "cap", "dpu", "pod").index(c.kind))
-    return changes, st
-
-
-def _members(st: DesiredState) -> dict[str, list[str]]:
-    """Each pod's DPUs' names, in the state's order."""
-    out: dict[str, list[str]] = {}
-    for d in st.dpus.values():
-        out.setdefault(d.pod, []).append(d.name)
-    return out
-
-
-def _span(prefix: str) -> tuple[int, int]:
-    """The first and last address of a normalised IPv4 prefix ("10.0.1.0/24"), as integers."""
-    addr, _, length = prefix.partition("/")
-    a, b, c, d = addr.split(".")
-    first = int(a) << 24 | int(b) << 16 | int(c) << 8 | int(d)
-    return first, first | ((1 << (32 - int(length))) - 1)
-
-
-def _check_prefixes(st: DesiredState, pods: Sequence[tuple[str, Pod]]) -> None:
-    """No prefix of a written pod may overlap another pod's.
-
-    Two prefixes overlap only when one holds the other, so one sweep over every pod's prefixes in
-    address order (each prefix before those it holds) finds them all: the prefixes holding the
-    current one are the stack of those still open, and the nearest of another pod is a clash of
-    both pods. Every pod with a clash gets one (if P's x holds Q's y, the first prefix of another
-    pod than P's below x on the stack met one of P's), so O(n log n) in prefixes, whatever nests.
-    """
-    if not pods:
-        return
-    spans = sorted(
-        (first, -last, pod.name, p) for pod in st.pods.values() for p in pod.ipv4_prefixes for first, last in [_span(p)]
-    )
-    clash: dict[str, tuple[str, str, str]] = {}  # pod -> (its prefix, the other pod's, the other pod)
-    stack: list[tuple[int, str, str]] = []  # (last address, pod, prefix) of the prefixes holding this one
-    for first, neg_last, name, p in spans:
-        while stack and stack[-1][0] < first:
-            stack.pop()
-        for _, other, q in reversed(stack):  # at most 33 of one pod's own prefixes before another pod's
-            if other != name:
-                clash.setdefault(name, (p, q, other))
-                clash.setdefault(other, (q, p, name))
-                break
-        stack.append((-neg_last, name, p))
-    for where, pod in pods:
-        if pod.name in clash:
-            # Named by value, not index: the pod's prefixes are kept sorted, not in the request's order.
-            p, q, other = clash[pod.name]
-            raise InvalidArgument(f"{where}.ipv4_prefixes", p, f"overlaps {q} of pod {other!r}")
-
-
-def _check_routers(st: DesiredState, routers: Sequence[tuple[str, Router]]) -> None:
-    """Every written router lists known pods, none of which is behind another router."""
-    if not routers:
-        return
-    order = {r.name: k for k, (_, r) in enumerate(routers)}
-    owners: dict[str, list[str]] = {}  # pod -> the routers listing it, in the state's order
-    for r in st.routers.values():
-        for pod in r.pods:
-            owners.setdefault(pod, []).append(r.name)
-    for k, (where, r) in enumerate(routers):
-        for pod in r.pods:  # named by value: a router's pods are kept sorted
-            if pod not in st.pods:
-                raise NotFound(f"{where}.pods", pod, "no such pod")
-            for other in owners.get(pod, ()):
-                # Two of this write listing one pod: the later one is at fault.
-                if other != r.name and order.get(other, -1) < k:
-                    raise InvalidArgument(f"{where}.pods", pod, f"already behind router {other!r}")
-
-
-def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
-    """Every written DPU names a pod and has an endpoint (address and device id) of its own."""
-    if not dpus:
-        return
-    endpoints: dict[tuple[str, int], list[str]] = {}
-    macs: dict[str, list[str]] = {}
-    peers: dict[str, int] = {}  # node MACs per pod
-    for d in st.dpus.values():
-        endpoints.setdefault((d.p4runtime_address, d.device_id), []).append(d.name)
-        if d.node_mac:
-            macs.setdefault(d.node_mac, []).append(d.name)
-            peers[d.pod] = peers.get(d.pod, 0) + 1
-    for where, dpu in dpus:
-        if dpu.pod not in st.pods:
-            raise NotFound(f"{where}.pod", dpu.pod, "no such pod; apply the pod first")
-        if dpu.node_mac and peers[dpu.pod] > MAX_POD_NODE_MACS:
-            # Each node DPU holds its pod's other nodes in limiter.p4's pod_peers table.
-            raise InvalidArgument(
-                f"{where}.node_mac", dpu.node_mac, f"pod {dpu.pod!r} would have more than {MAX_POD_NODE_MACS} node MACs"
-            )
-        for other in endpoints[(dpu.p4runtime_address, dpu.device_id)]:
-            if other != dpu.name:
-                raise AlreadyExists(
-                    f"{where}.p4runtime_address",
-                    dpu.p4runtime_address,
-                    f"already registered as DPU {other!r} with device id {dpu.device_id}",
-                )
-        # One node, one MAC: a MAC named twice would make one pod's exemption reach another's node.
-        for other in macs.get(dpu.node_mac, ()) if dpu.node_mac else ():
-            if other != dpu.name:
-                raise AlreadyExists(f"{where}.node_mac", dpu.node_mac, f"already the node MAC of DPU {other!r}")
-
-
-def _check_fits(
-    cap: Cap | None, dpus: list[Dpu], cap_field: str, dpu_fields: dict[str, str], rebalance_interval_s: float
-) -> None:
-    """Refuse a cap (or DPU set) under which some DPU's buffer would leave it less than one frame.
-
-    Each layer is checked under the grants its DPUs can get: equal shares, and with `rebalance` both
-    the first grants (equal shares with rebalancing's smaller buckets, shares.node_burst) and the
-    least a node can be granted by demand (its floor, when the others take the rest). The error
-    names the DPU's buffer when that DPU is being written (in `dpu_fields`), else the cap.
-    """
-    if cap is None:
-        return
-    if not dpus:  # a cap no DPU could hold is refused before any DPU joins (and then blames the DPU)
-        dpus = [Dpu("without-a-buffer", "", 0, "")]
-    by_name = {d.name: d for d in dpus}
-    for layer in _layers(dpus):
-        # The DPU with the largest buffer has the least left: when it fits, so do the others.
-        buffer_bytes = max(by_name[n].buffer_bytes for n in layer)
-        if _layer_fits(cap, len(layer), buffer_bytes, rebalance_interval_s):
-            continue
-        for grant, what in _grants(cap, len(layer), buffer_bytes, rebalance_interval_s):
-            for n in layer:  # the first at fault in name order, as the error names it
-                dp.check_fits(by_name[n], grant, what, dpu_fields.get(n), cap_field)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layer_fits(cap: Cap, n: int, buffer_bytes: int, rebalance_interval_s: float) -> bool:
-    """Whether a DPU with `buffer_bytes` in a layer of `n` has a frame left under every grant `cap` can
-    give it (a fleet's pods mostly share a few caps and layer sizes: each is worked out once)."""
-    probe = Dpu("probe", "", 0, "", buffer_bytes=buffer_bytes)
-    try:
-        for grant, what in _grants(cap, n, buffer_bytes, rebalance_interval_s):
-            dp.check_fits(probe, grant, what)
-    except InvalidArgument:
-        return False
-    return True
-
-
-def _grants(cap: Cap, n: int, buffer_bytes: int, rebalance_interval_s: float) -> list[tuple[Cap, str]]:
-    """The grants a DPU of a layer of `n` can hold under `cap` (each with how an error names it)."""
-    equal = next(iter(shares.split(cap, [f"n{i}" for i in range(n)]).values()))
-    what = "the pod's cap" if n == 1 else f"an equal share of the pod's cap ({n} DPUs)"
-    if not cap.rebalance:
-        return [(equal, what)]
-    burst, _ = shares.node_burst(cap, n, rebalance_interval_s, buffer_bytes)
-    least = shares.least_share(cap, n, burst)
-    return [
-        (dataclasses.replace(equal, burst_bytes=burst), f"{what} with rebalancing's bucket of {burst} bytes"),
-        (least, f"the least share rebalancing grants a node ({n} DPUs)"),
-    ]
-
-
-def _layers(dpus: list[Dpu]) -> list[list[str]]:
-    """DPU names grouped by role (each group sorted): the layers of parallel devices of one pod."""
-    by_role: dict[Role, list[str]] = {}
-    for d in dpus:
-        by_role.setdefault(d.role, []).append(d.name)
-    return [sorted(names) for _, names in sorted(by_role.items())]
-
-
 def _window_s(share: Cap | None) -> float:
     """How long bytes passed under `share` count against its pod: its window in window mode, else 0."""
     return share.window_s if share is not None and share.mode == "window" else 0.0
-
-
-class Batched(Generic[In, Out]):
-    """Calls of `fn(list of items) -> list of results` made together: whoever asks while a call runs
-    waits for the next one, which takes everything asked meanwhile (one store transaction, not one each)."""
-
-    def __init__(self, fn: Callable[[list[In]], list[Out]]) -> None:
-        self.fn = fn
-        self._pending: list[tuple[list[In], asyncio.Future[list[Out]]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def __call__(self, items: list[In]) -> list[Out]:
-        """`fn`'s results for `items`, from a call in a thread shared with the others asked for meanwhile
-        (a fleet's write asks for thousands at once: one future for them all, not one each)."""
-        if not items:
-            return []
-        future: asyncio.Future[list[Out]] = asyncio.get_running_loop().create_future()
-        self._pending.append((items, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        return await asyncio.shield(future)  # a cancelled caller leaves the batch to the others
-
-    async def _run(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                results = await asyncio.to_thread(self.fn, [item for items, _ in batch for item in items])
-            except Exception as exc:
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-            else:
-                at = 0
-                for items, future in batch:
-                    if not future.done():
-                        future.set_result(results[at : at + len(items)])
-                    at += len(items)

@@ -1,0 +1,30 @@
+"""The control plane's settings: one frozen object, from `serve`'s flags (or a test, or the lab) down to the
+service and its agents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .dataplane import ProgramFiles
+from .reconciler import ELECTION_ID, Concurrency
+from .tls import TlsFiles
+from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, RESYNC_S
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the control plane runs (the API's own listener, TLS and metrics are the server's: server.py)."""
+
+    program: ProgramFiles | None = None  # the P4 program DPUs run (None: limiter.p4 as shipped)
+    p4runtime_tls: TlsFiles | None = None  # client certificate for the DPUs' P4Runtime servers (None: plaintext)
+    election_id: int = ELECTION_ID  # the control plane's bid for primary on every DPU
+    # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it; without the lease loop the
+    # caller renews (virtual time).
+    lease_s: float = DEFAULT_LEASE_S
+    lease_loop: bool = True
+    resync_s: float = RESYNC_S  # read-back period of a DPU when nothing changes
+    pipeline_check_s: float = PIPELINE_CHECK_S  # how often a DPU's pipeline is hashed (0: only when reads fail)
+    # Rebalancing pods move shares by demand every interval; without the loop the caller does (virtual time).
+    rebalance_interval_s: float = 2.0
+    rebalance_loop: bool = True
+    concurrency: Concurrency = field(default_factory=Concurrency)  # DPUs worked on at once

@@ -1,7 +1,7 @@
 """A DPU that comes back with its state lost (power-cycled: no pipeline, so fresh meters and empty window
 slots) gets no lease until what it passed before can no longer share a window with what it passes after.
 
-The attack (README's limitations, found by a red team): spend a window-mode pod's whole budget, power-cycle
+The attack (docs/limitations.md, found by a red team): spend a window-mode pod's whole budget, power-cycle
 its DPU, and spend a second one at once, 2x the cap in one window. Real gRPC on loopback: a control plane and
 an embedded target in this process, power-cycled by serving a fresh device on the same port; frames pushed
 through the device's packet path and timed as they cross.

@@ -62,7 +62,7 @@ Encap = Literal[
     "fragment-later",
 ]
 ENCAPS: tuple[Encap, ...] = get_args(Encap)
-# What each red-team shape is, as the README's table and the tests' messages name it.
+# What each red-team shape is, as docs/lab.md's table and the tests' messages name it.
 REDTEAM: dict[Encap, str] = {
     "arp-big": "EtherType ARP, no ARP header, full size, unicast to the receiver",
     "arp-padded": "well-formed ARP reply padded to the size of a full IPv4 frame",

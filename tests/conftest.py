@@ -18,8 +18,8 @@ import pytest
 import yaml
 from netns_pair import NsPair, ip
 
-from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Dpu, Role
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import CPU_PORT
 from p4sim.server import Device, add_to_server
@@ -134,19 +134,8 @@ async def register(
     client: LimiterClient, name: str, address: str, pod: str = "a", node: bool = False, buffer_bytes: int = 0
 ) -> None:
     """Register a DPU through the API as the tests wire it: host port 0, uplink port 1."""
-    role = pb.DPU_ROLE_NODE if node else pb.DPU_ROLE_POD_UPLINK
-    await client.register_dpu(
-        pb.Dpu(
-            name=name,
-            p4runtime_address=address,
-            device_id=1,
-            pod=pod,
-            role=role,
-            host_port=0,
-            uplink_port=1,
-            buffer_bytes=buffer_bytes,
-        )
-    )
+    role = Role.NODE if node else Role.POD_UPLINK
+    await client.register_dpu(Dpu(name, address, 1, pod, role, host_port=0, uplink_port=1, buffer_bytes=buffer_bytes))
 
 
 async def node_pod(

@@ -71,13 +71,18 @@ def most_in_a_window(times: list[float], window_s: float) -> int:
     return most
 
 
-@pytest.mark.parametrize("preloaded", [False, True], ids=["empty", "program-kept"])
+@pytest.mark.parametrize(
+    ("preloaded", "moved"),
+    [(False, False), (True, False), (False, True)],
+    ids=["empty", "program-kept", "moved-to-a-new-pod"],
+)
 async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_one_window(
-    tmp_path: Path, preloaded: bool
+    tmp_path: Path, preloaded: bool, moved: bool
 ) -> None:
     """Power-cycled, the DPU comes back empty (the agent loads the pipeline), or with its program kept
     (as firmware that loads it from flash would: same cookie, nothing to load, its tables and registers
-    empty all the same)."""
+    empty all the same); or, while it is down, it is deleted with its pod and registered again under a
+    new name in a new pod over the same hosts (a second red team's way around the first fix)."""
     device, server, port = await serve()
     plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
     await plane.start()
@@ -93,6 +98,11 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
             spent = len(crossed)
             assert spent * len(OUT) > 0.9 * RATE_BPS / 8 * WINDOW_S - MAX_FRAME_BYTES
             await server.stop(grace=0)
+            if moved:
+                await c.delete(dpus=["dpu-a"], pods=["a"])
+                await c.apply_pod("a2", ["10.0.1.0/24"])
+                await register(c, "dpu-b", f"127.0.0.1:{port}", pod="a2")
+                await c.set_pod_cap("a2", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
             fresh, server, _ = await serve(port)
             if preloaded:
                 program = dp.limiter_program()

@@ -25,9 +25,9 @@ and the pod's switch) plus what came in over scale-up links. The router-link cou
 are the router's own, which the audit checks (live_audit.py, audit.py).
 
 A frame the kernel dropped because this reader fell behind is not counted, so the capture also says how
-many bytes such frames can have held, per key (``Capture.lost_bytes``: each lost frame as large as its
-link's MTU lets it be), and the verdict takes them as crossed in the busiest window: a cap is called held
-only when it held with them (evaluate.py, report.Result).
+many bytes such frames can have held, per key (``Capture.lost_bytes``: each lost frame as large as any
+Linux link lets one be, capture.LOST_FRAME_BOUND), and the verdict takes them as crossed in the busiest
+window: a cap is called held only when it held with them (evaluate.py, report.Result).
 
 With ``--serve``, each line on stdin asks for the totals so far: the process first reads every frame
 already waiting in its sockets (so the answer covers every frame the kernel delivered before the
@@ -173,7 +173,7 @@ class TapReader:
 
     keys: list[str]
     reader: FrameReader
-    frame_bound: int  # the most wire bytes a frame on this link can have (its MTU and headers)
+    frame_bound: int = capture.LOST_FRAME_BOUND  # the most wire bytes a frame it lost can have held
 
 
 class Counter:
@@ -191,8 +191,7 @@ class Counter:
                 with entered(tap.ns) if tap.ns else contextlib.nullcontext():
                     # An AF_PACKET socket stays in the namespace it was made in.
                     sock = open_socket(tap.iface, way, rcvbuf)
-                bound = capture.interface_mtu(sock, tap.iface) + capture.FRAME_OVER_MTU
-                self.readers.append(TapReader(keys, FrameReader(sock), bound))
+                self.readers.append(TapReader(keys, FrameReader(sock)))
         self.timelines: dict[str, Timeline] = {}
         self.totals: dict[str, int] = {}
         self.started = time.time()

@@ -26,7 +26,7 @@ attaches none, ``time.time()`` at read is used instead; its error is the read ba
 is why the socket has a receive buffer of several MB. Either way a 1 ms bin is coarser than
 the timestamp error under normal load. ``kernel_drops`` in the output reports frames the
 kernel dropped because this reader fell behind; a non-zero value means the counts are low, and
-``lost_bytes`` bounds by how much per key (each lost frame as large as its link lets a frame be).
+``lost_bytes`` bounds by how much per key (each lost frame as large as any Linux link lets one be).
 
 Direction: a socket is opened for the frames an interface receives or for those it sends, never both
 (a classic BPF filter on the packet type decides in the kernel, before the frame is queued), so a
@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import fcntl
 import json
 import math
 import signal
@@ -70,7 +69,6 @@ SO_RCVBUFFORCE = 33
 PACKET_OTHERHOST = 3
 PACKET_OUTGOING = 4
 SO_ATTACH_FILTER = 26
-SIOCGIFMTU = 0x8921
 # Classic BPF (linux/filter.h): load the packet type (an ancillary field), compare, accept or not.
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
 _SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFFFFFF
@@ -88,9 +86,10 @@ _GSO_TCPV6 = 4
 _TIMESPEC = struct.Struct("=qq")
 _TPACKET_STATS = struct.Struct("=II")
 _ETH_HLEN = 14
-# Most bytes a frame adds to an Ethernet link beyond its MTU here: the header and two VLAN tags (QinQ).
-# Lab links carry no segmentation offload (netns._offloads_off), so no frame is larger.
-FRAME_OVER_MTU = _ETH_HLEN + 8
+# The most wire bytes a frame the capture lost can have held: the largest MTU a Linux link can be set
+# to (veth's 65,535), its Ethernet header and two VLAN tags. Not the link's MTU when the capture began:
+# whoever holds a namespace can raise it meanwhile (a red team did, and its jumbo frames were all lost).
+LOST_FRAME_BOUND = 65_535 + _ETH_HLEN + 8
 # virtio-net header + Ethernet + the longest IPv4 header + the longest TCP header.
 _HEADER_BYTES = _VNET_HDR.size + _ETH_HLEN + 60 + 60
 
@@ -213,12 +212,6 @@ def _attach_direction_filter(sock: socket.socket, way: Way) -> None:
     # struct sock_fprog: the instruction count, then a pointer to them (the kernel copies them).
     fprog = struct.pack("HL", len(prog) // _SOCK_FILTER.size, ctypes.addressof(buf))
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
-
-
-def interface_mtu(sock: socket.socket, iface: str) -> int:
-    """The MTU of ``iface`` in the socket's network namespace."""
-    ifreq = fcntl.ioctl(sock.fileno(), SIOCGIFMTU, struct.pack("16si12x", iface.encode(), 0))
-    return int(struct.unpack_from("16si", ifreq)[1])
 
 
 def _kernel_drops(sock: socket.socket) -> int:

@@ -448,6 +448,10 @@ class Codec:
         """Whether the DPU was read back to hold a lease at all (not NoAction, nor nothing)."""
         return held.lease is not None and held.lease.action.action_id == self.lease_action
 
+    def unmetered(self, held: Held) -> bool:
+        """Whether any meter cell was read back unconfigured (as a DPU's are after it starts)."""
+        return any(m is None for m in held.meters.values())
+
     def lease(self, intent: Intent) -> p4r.TableEntry | None:
         """lease_cfg's default action for the intent's lease (encoded once per lease); None for a
         lease not yet placed on the DPU's clock (what the DPU holds is then left as it is)."""

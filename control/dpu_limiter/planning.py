@@ -166,6 +166,12 @@ def _span(prefix: str) -> tuple[int, int]:
     return first, first | ((1 << (32 - int(length))) - 1)
 
 
+def overlapping(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Whether any prefix of `a` overlaps any of `b` (normalised IPv4 prefixes)."""
+    spans = [_span(q) for q in b]
+    return any(first <= y and x <= last for p in a for first, last in [_span(p)] for x, y in spans)
+
+
 def check_prefixes(st: DesiredState, pods: Sequence[tuple[str, Pod]]) -> None:
     """No prefix of a written pod may overlap another pod's.
 

@@ -133,6 +133,7 @@ class DpuAgent:
         # forgotten with the connection, since a restarted DPU's clock starts again.
         self._placed: tuple[dp.Lease, int] | None = None
         self._last_echo_us = -1  # the DPU's time at its last clock echo on this connection
+        self._clock_seen: tuple[int, float] | None = None  # (DPU us, our time) at the last echo on any connection
         # Whether the DPU may have passed metered traffic under a lease (this agent's, or, for a DPU that
         # held a share when the control plane started, a predecessor's), and when a pipeline was last
         # loaded on it: a DPU that comes back with its state lost (power-cycled) gets no lease until what
@@ -365,10 +366,10 @@ class DpuAgent:
         if held is None:
             held = await self._read_back(sw, codec)
             confirmed = True
-            if self._lease_out and intent.lease is not None and not codec.leased(held):
-                # The lease it held (ours, or a predecessor's) is gone: the DPU restarted (its pipeline
-                # may have survived it, its meters and window slots did not), or someone reset it. As
-                # after a pipeline load.
+            if self._lease_out and intent.lease is not None and (not codec.leased(held) or codec.unmetered(held)):
+                # The lease it held (ours, or a predecessor's) is gone, or its meters are unconfigured: the
+                # DPU restarted (its pipeline, even a lease entry, may have survived it: its meters and
+                # window slots did not), or someone reset it. As after a pipeline load.
                 self._state_lost()
                 intent = dataclasses.replace(intent, lease=None) if self._holding(intent) else intent
         else:
@@ -438,6 +439,8 @@ class DpuAgent:
             return dataclasses.replace(intent, lease=None)
         if self._placed is None or self._placed[0] != lease:
             now_us, t1 = await self.read_clock(sw)
+            if self._holding(intent):  # the echo showed a clock that started again: a restarted DPU
+                return dataclasses.replace(intent, lease=None)
             ahead = max(0.0, lease.expires_at - t1) * (1 - MAX_CLOCK_DRIFT)
             self._placed = (lease, now_us + int(ahead * 1e6))
         return dataclasses.replace(intent, lease=dataclasses.replace(lease, deadline_us=self._placed[1]))
@@ -446,6 +449,7 @@ class DpuAgent:
         """(the DPU's time in us, our monotonic time after its echo came back), through one clock
         echo (limiter.p4: a PacketOut with a nonce comes back as a PacketIn with the DPU's time)."""
         nonce = secrets.randbits(64)
+        t0 = time.monotonic()
         packets = cast(AsyncGenerator[fy.P4PacketIn, None], sw.read_packets())  # an async generator: closable
         waiting = asyncio.ensure_future(anext(packets))
         try:
@@ -466,6 +470,14 @@ class DpuAgent:
             await packets.aclose()
         t1 = time.monotonic()
         now_us = int(pkt[dp.ECHO_NOW])
+        # A clock that runs on reads at least what it read at the last echo (on any connection) plus the
+        # time between, less drift: one that reads less started again, and so did the DPU's meters and
+        # window slots, whatever tables it came back with.
+        if self._clock_seen is not None:
+            seen_us, seen_t1 = self._clock_seen
+            if now_us < seen_us + (t0 - seen_t1) * 1e6 * (1 - MAX_CLOCK_DRIFT):
+                self._state_lost()
+        self._clock_seen = (now_us, t1)
         if now_us < self._last_echo_us:
             self._placed = None
             raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")

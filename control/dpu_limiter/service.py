@@ -36,7 +36,7 @@ from .models import (
     Role,
     Router,
 )
-from .planning import dpu_layers, planned_apply, planned_delete, pod_members
+from .planning import dpu_layers, overlapping, planned_apply, planned_delete, pod_members
 from .reconciler import DpuAgent, Slots
 from .settings import Settings
 from .store import Store
@@ -103,6 +103,9 @@ class LimiterService:
         # Window-mode shrinks not yet in effect: the ticket that confirms each, and its window.
         self._aging: dict[str, tuple[int, float]] = {}
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
+        # Deleted pods' prefixes: a pod made again under another name over the same hosts waits for what
+        # the deleted one did (its DPUs may be the same devices).
+        self._deleted_prefixes: dict[str, tuple[str, ...]] = {}
         # The same, stored for a control plane started after a crash: one transaction for all the pods
         # whose shares move at once (a fleet's cap change moves thousands).
         self._holds = Batched(store.hold_growth)
@@ -305,7 +308,7 @@ class LimiterService:
             await self._held_back(pod, tickets, step_timeout)
             # Step 2, grow: after any DPU that left without being floored has lost its lease, and what
             # shrank has aged out of its window.
-            wait = self._grow_after.get(pod, 0.0) - time.monotonic()
+            wait = self._growth_hold(pod) - time.monotonic()
             if wait > 0:
                 LOG.warning("pod %s: growing shares in %.1f s (a lease to end, or a window to age)", pod, wait)
                 await asyncio.sleep(wait)
@@ -323,6 +326,20 @@ class LimiterService:
         del self._aging[name]
         if (agent := self.agents.get(name)) is not None:
             self._hold_growth(agent.dpu.pod, time.monotonic() + pending[1])
+
+    def _growth_hold(self, pod: str) -> float:
+        """Until when (monotonic) no DPU of `pod` may grow: its own hold, and that of any deleted pod whose
+        prefixes overlap its own."""
+        until = self._grow_after.get(pod, 0.0)
+        mine = self.state.pods.get(pod)
+        now = time.monotonic()
+        for gone in [g for g in self._deleted_prefixes if self._grow_after.get(g, 0.0) <= now]:
+            del self._deleted_prefixes[gone]  # its wait is over: nothing to inherit
+        if mine is not None:
+            for gone, prefixes in self._deleted_prefixes.items():
+                if self._grow_after.get(gone, 0.0) > until and overlapping(mine.ipv4_prefixes, prefixes):
+                    until = self._grow_after[gone]
+        return until
 
     def _hold_growth(self, pod: str, until: float) -> None:
         """No DPU of `pod` grows before `until` (monotonic)."""
@@ -613,6 +630,8 @@ class LimiterService:
         for c in changes:
             if c.kind in ("pod", "cap"):
                 pods[c.name] = None
+            if c.kind == "pod" and c.verb == "delete" and isinstance(c.before, Pod):
+                self._deleted_prefixes[c.name] = c.before.ipv4_prefixes
             if c.kind == "cap" or (c.kind == "pod" and c.verb == "delete"):
                 # Demand-based grants were made under the old cap; a deleted pod leaves nothing behind.
                 self._targets.pop(c.name, None)
@@ -626,7 +645,8 @@ class LimiterService:
             if (task := self._resharing.pop(pod, None)) is not None:
                 task.cancel()
                 self._share_locks.pop(pod, None)
-                # _grow_after stays: a pod made again under this name must wait for what the old one did.
+                # _grow_after stays: a pod made again under this name, or over its prefixes under another,
+                # must wait for what the old one did.
         self._start_agents()
 
     async def _floor(self, agents: list[DpuAgent], timeout: float = 5.0) -> list[bool]:

@@ -4,19 +4,20 @@
 namespace: it opens each tap's socket inside the tap's namespace).
 
 The boundary links (netns.py) are each pod's link to the router, watched at the router's end
-(``router_ports[pod]``: frames the router receives on it are the pod's egress, frames it sends on it
-the pod's ingress as the router delivers it), and each scale-up link between hosts of two pods, watched
-at its first host's end (frames that host sends on it are its pod's egress and the other pod's
-ingress; frames it receives, the other way round). A pod-uplink limiter sits on the pod's router link,
-and it meters the pod's ingress after the router has sent it: so the frames each such limiter sends
-into its pod (its host-side port, in the root namespace) are counted too, as what really entered the
-pod ("uplink"). An AF_PACKET socket per link and direction (a direction nobody's count needs is not read)
-sees every frame, whatever it holds and whoever it names: IPv4 or any other EtherType, forged addresses, a
-frame the router then drops. Nothing here classifies, so an evader cannot hide from it the way it can
-from a classifier or from receivers that attribute frames by their addresses (capture.py). Each frame
-adds its wire bytes (capture.FrameReader: Ethernet header included, no FCS, a VLAN tag the kernel took
-out counted back, a GSO super-packet counted as its segments) to 1 ms bins of every (pod, direction)
-it counts for, kept apart by kind of link ("router", "uplink" or "scale-up").
+(``router_ports[pod]``: frames the router receives on it are the pod's egress, frames it sends on it the
+pod's ingress as the router delivers it), and each scale-up link between hosts of two pods, watched at
+both ends for the frames each end receives (frames arriving at b's end are a's egress and b's ingress,
+and the other way round: a sender can skip its own end's taps of outgoing frames). A pod-uplink limiter
+sits on the pod's router link, and it meters the pod's ingress after the router has sent it: so the
+frames each such limiter sends into its pod (its host-side port, in the root namespace) are counted too,
+as what really entered the pod ("uplink"). An AF_PACKET socket per link and direction (a direction
+nobody's count needs is not read) sees every frame, whatever it holds and whoever it names: IPv4 or any
+other EtherType, forged addresses, a frame the router then drops. Nothing here classifies, so an evader
+cannot hide from it the way it can from a classifier or from receivers that attribute frames by their
+addresses (capture.py). Each frame adds its wire bytes (capture.FrameReader: Ethernet header included,
+no FCS, a VLAN tag the kernel took out counted back, a GSO super-packet counted as its segments) to 1 ms
+bins of every (pod, direction) it counts for, kept apart by kind of link ("router", "uplink" or
+"scale-up").
 
 The verdict (``verdict_kinds``): a pod's egress is what its router link received plus what left it over
 scale-up links; its ingress is what its uplink limiters sent into it (with pod-uplink placement; with
@@ -113,16 +114,12 @@ def taps_of(net: LabNetwork) -> list[Tap]:
         pod_a, pod_b = topo.pod_of_host(link.a).name, topo.pod_of_host(link.b).name
         if pod_a == pod_b:
             continue  # a scale-up link inside one pod crosses no boundary
-        # netns.LabNetwork._scaleup names both ends nvsK; this one is in a's namespace.
-        taps.append(
-            Tap(
-                net.host_ns[link.a],
-                f"nvs{k}",
-                "scale-up",
-                received=((pod_b, "egress"), (pod_a, "ingress")),
-                sent=((pod_a, "egress"), (pod_b, "ingress")),
-            )
-        )
+        # netns.LabNetwork._scaleup names both ends nvsK. Each direction is counted where it arrives: a host
+        # can send past its own end's taps of outgoing frames (PACKET_QDISC_BYPASS: a red team crossed
+        # 15,000,000 B uncounted that way), not past the receiving end's taps of incoming ones.
+        for here, pod_here, pod_there in ((link.a, pod_a, pod_b), (link.b, pod_b, pod_a)):
+            received: tuple[tuple[str, Direction], ...] = ((pod_there, "egress"), (pod_here, "ingress"))
+            taps.append(Tap(net.host_ns[here], f"nvs{k}", "scale-up", received=received, sent=()))
     return taps
 
 

@@ -15,6 +15,16 @@
  * pod uplink has no peers: everything that crosses it is metered. Broadcast
  * and multicast never match a peer (peers are unicast), so they are metered.
  *
+ * Sealing: the pod's switch, which delivers a frame to the peer its MAC
+ * names, is the operator's, and could relay exempt frames out of the pod. So a
+ * node DPU exempts a frame only through its crypto engine (`sealing`): an
+ * intra-pod frame from the host leaves by the seal port, where the engine
+ * encrypts and authenticates it under the pod's key before it reaches the
+ * wire; an arriving frame is intra-pod only when it enters on the seal port,
+ * where the engine puts only frames that authenticated under that key. A frame
+ * that arrives on the uplink port is metered whatever MAC and addresses it
+ * carries. A node DPU with no seal port exempts nothing.
+ *
  * ARP passes outside the cap's meter only when well formed (Ethernet/IPv4,
  * request or reply) and at most ARP_MAX_FRAME bytes long, through a small meter
  * of its own (cell ARP_CELLS + cell of boundary_meter) whose rate and burst the
@@ -54,6 +64,15 @@
  * counted nowhere. The target must run with its CPU port at CPU_PORT
  * (simple_switch_grpc --cpu-port 510).
  *
+ * Epoch: a lease is valid only in the pipeline instance it was granted to. The
+ * register lease_epoch starts at 0 when the pipeline is loaded or the device
+ * restarts; the first echo that finds it 0 writes its `arm` there (so it is set
+ * once per pipeline instance), and every echo reports the value it found. A lease carries the epoch it was granted under and
+ * passes traffic only while lease_epoch holds it: firmware that restores the
+ * lease entry with the program after a restart (its deadline now far ahead on
+ * the restarted clock) passes nothing, and the control plane learns from the
+ * next echo (epoch 0) that the state was lost.
+ *
  * Window mode (a window_cfg entry for the cell): besides the meter, at most
  * `budget` bytes pass in any interval of the window W. Time is cut into slots
  * of W/15 (slot = (timestamp_us >> 10) * mult >> 32, mult chosen by the
@@ -89,12 +108,14 @@ const bit<3> CODE_ARP_RED = 5;  // colour-counter code of ARP over its own allow
 @controller_header("packet_out")
 header packet_out_t {
     bit<64> nonce;
+    bit<64> arm;    // the lease epoch to set, if none is (a fresh random value, never 0)
 }
 
 @controller_header("packet_in")
 header packet_in_t {
     bit<64> nonce;
     bit<48> now;
+    bit<64> epoch;  // lease_epoch as this echo found it (before any arm)
 }
 
 header ethernet_t {
@@ -148,7 +169,11 @@ struct metadata_t {
     bit<64> mult;
     bit<1>  lease_on;
     bit<48> lease_deadline;
+    bit<64> lease_epoch;
     bit<48> peer_mac;   // the Ethernet address that must be a pod peer for exemption
+    bit<1>  seal_out;   // from the host: intra-pod frames leave by seal_port, to the crypto engine
+    bit<9>  seal_port;
+    bit<1>  sealed_in;  // arrived from the crypto engine: authenticated under the pod's key
 }
 
 parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -198,6 +223,7 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
     meter(ARP_CELLS + MAX_CELLS, MeterType.bytes) boundary_meter;  // cells, then their ARP meters
     register<bit<64>>(MAX_CELLS * NSLOT) slot_epoch;
     register<bit<64>>(MAX_CELLS * NSLOT) slot_bytes;
+    register<bit<64>>(1) lease_epoch;  // see "Epoch" above
 
     action drop() {
         mark_to_drop(standard_metadata);
@@ -232,10 +258,11 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         size = MAX_CELLS;
     }
 
-    // gen names the lease for the control plane's read-back; the data plane needs only the deadline.
-    action lease(bit<32> gen, bit<48> deadline) {
+    // gen names the lease for the control plane's read-back; the data plane needs the deadline and epoch.
+    action lease(bit<32> gen, bit<48> deadline, bit<64> epoch) {
         meta.lease_on = 1;
         meta.lease_deadline = deadline;
+        meta.lease_epoch = epoch;
     }
 
     // Keyless: the control plane writes (and renews) its default action.
@@ -266,12 +293,34 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         size = 1024;
     }
 
+    action seal_via(bit<9> port) {
+        meta.seal_out = 1;
+        meta.seal_port = port;
+    }
+
+    action opened() {
+        meta.sealed_in = 1;
+    }
+
+    // A node DPU's crypto engine, by ingress port: on the host port, seal_via(the seal port); on the
+    // seal port, opened(). No entry: nothing arriving on that port can be intra-pod.
+    table sealing {
+        key = { standard_metadata.ingress_port: exact; }
+        actions = { seal_via; opened; NoAction; }
+        default_action = NoAction();
+        size = 64;
+    }
+
     apply {
         if (hdr.packet_out.isValid()) {
             // The clock echo: back to the controller at once, with the time it was seen.
             hdr.packet_in.setValid();
             hdr.packet_in.nonce = hdr.packet_out.nonce;
             hdr.packet_in.now = standard_metadata.ingress_global_timestamp;
+            lease_epoch.read(hdr.packet_in.epoch, 0);
+            if (hdr.packet_in.epoch == 0) {
+                lease_epoch.write(0, hdr.packet_out.arm);  // armed once per pipeline instance
+            }
             hdr.packet_out.setInvalid();
             standard_metadata.egress_spec = CPU_PORT;
         } else if (boundary.apply().hit) {
@@ -307,7 +356,13 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                 to_peer = pod_peers.apply().hit;
             }
             if (pod_addresses && to_peer) {
-                meta.class = CLASS_INTRA;
+                sealing.apply();
+                if (meta.inside == 1 && meta.seal_out == 1) {
+                    meta.class = CLASS_INTRA;
+                    standard_metadata.egress_spec = meta.seal_port;  // sealed before it reaches the wire
+                } else if (meta.inside == 0 && meta.sealed_in == 1) {
+                    meta.class = CLASS_INTRA;
+                }
             }
             class_counter.count((meta.cell << 3) | (bit<32>)meta.class);
             if (meta.class == CLASS_SPOOFED) {
@@ -316,7 +371,10 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
                 bool leased = false;
                 lease_cfg.apply();
                 if (meta.lease_on == 1) {
-                    leased = standard_metadata.ingress_global_timestamp < meta.lease_deadline;
+                    bit<64> epoch_now;
+                    lease_epoch.read(epoch_now, 0);
+                    leased = standard_metadata.ingress_global_timestamp < meta.lease_deadline
+                             && epoch_now == meta.lease_epoch;
                 }
                 if (meta.class == CLASS_ARP) {
                     // Without a lease ARP still passes between pod mates (a node's neighbour discovery

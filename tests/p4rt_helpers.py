@@ -118,16 +118,20 @@ def lease_entry(sch: object, gen: int, deadline_us: int) -> p4r.Entity:
     from finsy import P4Schema, P4TableAction, P4TableEntry
 
     assert isinstance(sch, P4Schema)
-    action = P4TableAction("LimiterIngress.lease", gen=gen, deadline=deadline_us)
+    action = P4TableAction("LimiterIngress.lease", gen=gen, deadline=deadline_us, epoch=0)
     return P4TableEntry("LimiterIngress.lease_cfg", action=action, is_default_action=True).encode(sch)
+
+
+SEAL_PORT = 2  # a node DPU's crypto engine, in program_limiter
 
 
 async def program_limiter(
     c: Client, rate_bytes_s: int, burst: int, peers: tuple[str, ...] = (), arp: tuple[int, int] | None = None
 ) -> object:
     """Pipeline, meter (both cells), a long lease, exemption prefix of pod a, boundary 0<->1; with
-    `peers`, those MACs as pod peers (a node DPU's); with `arp` = (bytes/s, burst), ARP's meters
-    (else unconfigured: they pass everything, as bmv2's do)."""
+    `peers`, those MACs as pod peers and a crypto engine on SEAL_PORT (a node DPU's: intra-pod frames
+    from port 0 leave by SEAL_PORT, and only those arriving by it are intra-pod); with `arp` =
+    (bytes/s, burst), ARP's meters (else unconfigured: they pass everything, as bmv2's do)."""
     from finsy import P4MeterConfig, P4MeterEntry
 
     sch = schema()
@@ -143,6 +147,26 @@ async def program_limiter(
         )  # type: ignore[arg-type]
     for mac in peers:
         await c.write(update(p4r.Update.INSERT, table_entry(sch, PEERS, "NoAction", {"meta.peer_mac": mac}, {})))
+    if peers:
+        port_key = "standard_metadata.ingress_port"
+        sealing = "LimiterIngress.sealing"
+        await c.write(
+            update(
+                p4r.Update.INSERT,
+                table_entry(sch, sealing, "LimiterIngress.seal_via", {port_key: 0}, {"port": SEAL_PORT}),
+            ),
+            update(p4r.Update.INSERT, table_entry(sch, sealing, "LimiterIngress.opened", {port_key: SEAL_PORT}, {})),
+            update(
+                p4r.Update.INSERT,
+                table_entry(
+                    sch,
+                    "LimiterIngress.boundary",
+                    "LimiterIngress.cross",
+                    {port_key: SEAL_PORT},
+                    {"port": 0, "cell": 1, "inside": 0},
+                ),
+            ),
+        )
     await c.write(update(p4r.Update.MODIFY, lease_entry(sch, 1, LONG_LEASE_US)))
     ins = p4r.Update.INSERT
     await c.write(

@@ -23,7 +23,7 @@ from scapy.packet import Raw
 
 from bmv2_harness import bmv2_switch, through_bmv2
 from dpu_limiter.units import CPU_PORT
-from p4rt_helpers import A_HOST, B_HOST, Client, connect, program_limiter, udp
+from p4rt_helpers import A_HOST, B_HOST, SEAL_PORT, Client, connect, program_limiter, udp
 from p4sim.server import Device
 
 pytestmark = [pytest.mark.bmv2, pytest.mark.netns]
@@ -51,14 +51,17 @@ def frames() -> list[tuple[int, bytes]]:
     out += [(0, bytes(Ether(dst=peer) / ARP(op=9, psrc=A_HOST, pdst="10.0.1.7")))]  # no such operation
     out += [(0, bytes(Ether(dst=peer, type=0x0806) / Raw(b"\x00\x01\x08\x00")))]  # truncated ARP
     out += [(0, bytes(Ether(dst=peer) / ARP(psrc=A_HOST, pdst="10.0.1.7")))] * 3  # minimum ARP: its own bucket
-    out += [(1, bytes(Ether(src=peer) / IP(src="10.0.1.7", dst=A_HOST) / UDP() / Raw(b"i" * 100)))]  # from a peer
+    from_peer = bytes(Ether(src=peer) / IP(src="10.0.1.7", dst=A_HOST) / UDP() / Raw(b"i" * 100))
+    out += [(1, from_peer)]  # a peer's MAC on the uplink port: metered
+    out += [(SEAL_PORT, from_peer), (SEAL_PORT, udp(B_HOST, A_HOST, 50))]  # opened by the engine: a peer's exempt
     return out
 
 
 @pytest.fixture
 def bmv2() -> Iterator[tuple[str, dict[int, socket.socket]]]:
-    """simple_switch_grpc on two veth pairs; yields its P4Runtime address and sockets on the peers."""
-    with bmv2_switch((0, 1)) as sw:
+    """simple_switch_grpc on three veth pairs (host, uplink, seal port); yields its P4Runtime address and
+    sockets on the peers."""
+    with bmv2_switch((0, 1, SEAL_PORT)) as sw:
         yield sw.address, sw.socks
 
 
@@ -95,12 +98,13 @@ async def test_same_frames_same_outputs_and_counters(
         assert await _counters(ce, sch) == await _counters(cb, sch)
 
 
-async def _echo(c: Client, sch: object, nonce: int) -> p4r.PacketIn:
-    """Send limiter.p4's clock echo through client `c`; the PacketIn that comes back."""
+async def _echo(c: Client, sch: object, nonce: int, arm: int = 0) -> p4r.PacketIn:
+    """Send limiter.p4's clock echo through client `c` (arming lease epoch `arm`); the PacketIn that comes back."""
     from corpus_cases import packet_out, stream_request
 
     assert isinstance(sch, P4Schema)
-    c.requests.put_nowait(stream_request(packet_out(sch, b"", nonce=nonce.to_bytes(8, "big"))))
+    out = packet_out(sch, b"", nonce=nonce.to_bytes(8, "big"), arm=arm.to_bytes(8, "big"))
+    c.requests.put_nowait(stream_request(out))
     while True:
         msg = await asyncio.wait_for(c.responses.get(), 10)
         if msg.HasField("packet"):
@@ -110,6 +114,7 @@ async def _echo(c: Client, sch: object, nonce: int) -> p4r.PacketIn:
 async def test_the_clock_echo_comes_back_alike_from_both(in_process_target: tuple[Device, grpc.aio.Channel]) -> None:
     # limiter.p4's clock echo (how the control plane places lease deadlines on a DPU's clock): the
     # nonce and the DPU's ingress timestamp come back as PacketIn metadata, and nothing leaves a port.
+    # The echo arms the lease epoch only where there is none, and says what it found.
     device, emb_channel = in_process_target
     device.cpu_port = CPU_PORT
     with bmv2_switch((0, 1), cpu_port=CPU_PORT) as sw:
@@ -119,12 +124,15 @@ async def test_the_clock_echo_comes_back_alike_from_both(in_process_target: tupl
                 c = await connect(channel, 5)
                 await c.responses.get()
                 sch = await program_limiter(c, rate_bytes_s=1, burst=3000)
-                first, second = await _echo(c, sch, 0x0123456789ABCDEF), await _echo(c, sch, 7)
-                echoes.append((first, second))
+                first = await _echo(c, sch, 0x0123456789ABCDEF, arm=0xE1)
+                second = await _echo(c, sch, 7, arm=0xE2)
+                assert await _echo(c, sch, 8, arm=0xE3)  # armed once: 0xE1 stays
+                echoes.append((first, second, await _echo(c, sch, 9)))
             outputs = await asyncio.to_thread(sw.collect, 0.3)  # nothing of the echoes left a port
-    for first, second in echoes:
-        meta = [{m.metadata_id: int.from_bytes(m.value, "big") for m in p.metadata} for p in (first, second)]
-        assert [m[1] for m in meta] == [0x0123456789ABCDEF, 7]
+    for first, second, third in echoes:
+        meta = [{m.metadata_id: int.from_bytes(m.value, "big") for m in p.metadata} for p in (first, second, third)]
+        assert [m[1] for m in meta] == [0x0123456789ABCDEF, 7, 9]
         assert 0 <= meta[0][2] <= meta[1][2] < 1 << 48  # the DPU's clock, in microseconds
+        assert [m[3] for m in meta] == [0, 0xE1, 0xE1]  # unarmed, then armed by the first echo only
         assert first.payload == second.payload == b""
     assert outputs == []

@@ -6,6 +6,8 @@ tests push the same frames through veth pairs.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from finsy.proto import p4r
@@ -15,7 +17,19 @@ from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 
 from conftest import InProcess
-from p4rt_helpers import A_HOST, B_HOST, config, connect, detail_codes, program_limiter, table_entry, udp, update
+from dpu_limiter.units import CPU_PORT
+from p4rt_helpers import (
+    A_HOST,
+    B_HOST,
+    SEAL_PORT,
+    config,
+    connect,
+    detail_codes,
+    program_limiter,
+    table_entry,
+    udp,
+    update,
+)
 
 
 async def test_no_pipeline_forwards_nothing(in_process_target: InProcess) -> None:
@@ -43,7 +57,8 @@ async def test_meter_caps_inter_pod_and_exempts_intra_pod(in_process_target: InP
     assert [len(o) for o in out] == [1, 1, 0, 0]  # 2 x 1042 <= 3000 < 3 x 1042
     assert out[0] == [(1, frame)]  # forwarded unchanged to the uplink
     intra = udp(A_HOST, "10.0.1.7", 1000)
-    assert all(device.process(0, intra) == [(1, intra)] for _ in range(10))  # to a pod peer: exempt
+    # To a pod peer: exempt, by way of the crypto engine (SEAL_PORT), never to the uplink in the clear.
+    assert all(device.process(0, intra) == [(SEAL_PORT, intra)] for _ in range(10))
     arp = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(psrc=A_HOST, pdst="10.0.1.254"))
     assert device.process(0, arp) == [(1, arp)]
     # Ingress direction has its own cell, with its own full bucket.
@@ -68,12 +83,16 @@ async def test_exemption_is_proved_by_placement_never_claimed(in_process_target:
     padded_arp = bytes(Ether(dst="02:00:00:00:00:02") / ARP(psrc=A_HOST, pdst="10.0.1.7") / Raw(b"\x00" * 1000))
     bad_op = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(op=3, psrc=A_HOST, pdst="10.0.1.7"))
     assert [device.process(0, f) for f in (fat_arp, padded_arp, bad_op)] == [[], [], []]
-    # Entering the node, exempt only from a pod peer's MAC: the router's frames with pod addresses are metered.
+    # Entering the node, exempt only from a pod peer's MAC, and only opened by the crypto engine
+    # (SEAL_PORT): the router's frames with pod addresses are metered, and so is a peer's MAC on the
+    # uplink port (a switch relaying, or anyone forging it).
     inward = IP(src="10.0.1.7", dst=A_HOST) / UDP()
     from_router = bytes(Ether(src="02:99:00:00:00:01", dst="02:00:00:00:00:01") / inward)
     from_peer = bytes(Ether(src="02:00:00:00:00:02", dst="02:00:00:00:00:01") / inward)
     assert device.process(1, from_router) == []
-    assert device.process(1, from_peer) == [(0, from_peer)]
+    assert device.process(1, from_peer) == []
+    assert device.process(SEAL_PORT, from_peer) == [(0, from_peer)]
+    assert device.process(SEAL_PORT, from_router) == []  # opened, but not from a pod peer: metered
 
 
 async def test_arp_has_its_own_small_meter(in_process_target: InProcess) -> None:
@@ -240,3 +259,30 @@ async def test_without_a_lease_arp_passes_only_between_pod_mates(in_process_targ
     assert device.process(0, to_peer) == [(1, to_peer)]
     from_peer = bytes(Ether(src=peer, dst="ff:ff:ff:ff:ff:ff") / ARP(psrc="10.0.1.7", pdst=A_HOST))
     assert device.process(1, from_peer) == [(0, from_peer)]
+
+
+async def test_a_lease_passes_only_in_the_epoch_it_was_granted_in(in_process_target: InProcess) -> None:
+    """A lease entry carries the lease epoch it was granted under: restored by firmware after a restart
+    (the epoch register starts at 0 again), it passes nothing until the controller arms and grants anew."""
+    from finsy import P4TableAction, P4TableEntry
+
+    from corpus_cases import packet_out, stream_request
+    from p4rt_helpers import LONG_LEASE_US, lease_entry
+
+    device, channel = in_process_target
+    device.cpu_port = CPU_PORT
+    c = await connect(channel, 5)
+    await c.responses.get()
+    sch = await program_limiter(c, rate_bytes_s=10**6, burst=10**6)
+    frame = udp(A_HOST, B_HOST, 100)
+    assert device.process(0, frame) == [(1, frame)]  # epoch 0 in both: unarmed, as the helpers grant
+    restored = P4TableAction("LimiterIngress.lease", gen=7, deadline=LONG_LEASE_US, epoch=0xBEEF)
+    entry = P4TableEntry("LimiterIngress.lease_cfg", action=restored, is_default_action=True)
+    await c.write(update(p4r.Update.MODIFY, entry.encode(sch)))
+    assert device.process(0, frame) == []  # a lease of another epoch: nothing metered crosses
+    c.requests.put_nowait(stream_request(packet_out(sch, b"", nonce=bytes(8), arm=(0xBEEF).to_bytes(8, "big"))))
+    while not (await asyncio.wait_for(c.responses.get(), 10)).HasField("packet"):
+        pass
+    assert device.process(0, frame) == [(1, frame)]  # armed with its epoch: it passes
+    await c.write(update(p4r.Update.MODIFY, lease_entry(sch, 8, LONG_LEASE_US)))
+    assert device.process(0, frame) == []  # epoch 0 no longer matches the armed register

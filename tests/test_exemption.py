@@ -149,3 +149,84 @@ async def test_usage_counts_arp_its_meter_passed_apart_from_what_it_dropped(tmp_
         assert egress.arp_bytes == passed * len(arp) == egress.exempt_bytes
         assert egress.arp_dropped_bytes == (100 - passed) * len(arp)
         assert egress.intra_bytes == 0 and egress.metered_bytes == 0
+
+
+def sealed_node(name: str, mac: str, seal_port: int | None = 2) -> Dpu:
+    return Dpu(name, "127.0.0.1:1", 1, "a", role=Role.NODE, node_mac=mac, seal_port=seal_port)
+
+
+def test_a_node_exempts_only_through_its_crypto_engine() -> None:
+    """Intra-pod frames from the host leave by the seal port; only frames the engine opened are intra-pod
+    arriving, and they enter through the ingress cell like anything else from outside."""
+    n1 = dp.intent_for(sealed_node("n1", MACS[0]), POD, None, peers=MACS)
+    assert n1.sealing == ((0, 2), (2, None))
+    assert (2, 0, dp.CELLS["ingress"], 0) in n1.boundary
+    actions = sorted(e.action.name for e in dp.sealing_entities(n1) if e.action is not None)
+    assert actions == [dp.ACTION_OPENED, dp.ACTION_SEAL_VIA]
+    # No engine: nothing to exempt through, so no sealing entry (limiter.p4 then exempts nothing).
+    bare = dp.intent_for(sealed_node("n1", MACS[0], None), POD, None, peers=MACS)
+    assert bare.sealing == () and dp.sealing_entities(bare) == []
+
+
+@pytest.mark.parametrize(
+    ("dpu", "why"),
+    [
+        (Dpu("u", "127.0.0.1:1", 1, "a", seal_port=2), "only a node DPU"),
+        (sealed_node("n1", MACS[0], 1), "must differ"),
+        (sealed_node("n1", MACS[0], 0), "must differ"),
+        (sealed_node("n1", MACS[0], 510), "data-plane port"),
+        (sealed_node("n1", MACS[0], -1), "data-plane port"),
+    ],
+)
+def test_seal_ports_are_checked(dpu: Dpu, why: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        Dpu.validated(dpu)
+    assert err.value.field == "dpu.seal_port" and why in err.value.reason
+
+
+def test_seal_ports_survive_the_store_the_api_and_files(tmp_path: Path) -> None:
+    from dpu_limiter.convert import dpu_from_pb, dpu_to_pb
+    from dpu_limiter.manifest import dpu_entry
+
+    store = Store(tmp_path / "s.db")
+    store.put_pod(POD)
+    store.add_dpu(sealed_node("n1", MACS[0]))
+    store.add_dpu(sealed_node("n2", MACS[1], None))
+    store.close()
+    dpus = Store(tmp_path / "s.db").load().dpus
+    assert (dpus["n1"].seal_port, dpus["n2"].seal_port) == (2, None)
+    assert dpu_from_pb(dpu_to_pb(dpus["n1"])).seal_port == 2
+    assert dpu_from_pb(dpu_to_pb(dpus["n2"])).seal_port is None  # unset, not port 0
+    assert dpu_entry(dpus["n1"])["seal_port"] == 2 and "seal_port" not in dpu_entry(dpus["n2"])
+
+
+async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
+    """End to end on an in-process embedded target: a node registered with a seal port sends its pod
+    mates' frames there, and takes a pod mate's frame as intra-pod only when it arrives opened."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    from conftest import serve_in_process
+
+    device, server, addr = await serve_in_process()
+    _, server2, addr2 = await serve_in_process()
+    try:
+        async with plane_with_pod(tmp_path) as (_, client):
+            for name, mac, port in (("n1", MACS[0], addr), ("n2", MACS[1], addr2)):
+                await client.register_dpu(
+                    Dpu(name, port, 1, "a", Role.NODE, host_port=0, uplink_port=1, node_mac=mac, seal_port=2)
+                )
+            await client.set_pod_cap("a", 8e6, 8e6, 2.0, 100_000)
+            await client.wait_converged(timeout=30)
+            out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
+            assert device.process(0, out) == [(2, out)]
+            back = bytes(Ether(src=MACS[1], dst=MACS[0]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP() / Raw(b"y" * 900))
+            assert device.process(2, back) == [(0, back)]
+            device.process(1, back)  # a pod mate's MAC on the uplink port: metered, not intra-pod
+            usage = {u.direction: u for u in (await client.usage("a", per_dpu=True)).usage if u.dpu == "n1"}
+            assert usage["egress"].intra_bytes == len(out)
+            assert usage["ingress"].intra_bytes == len(back) and usage["ingress"].metered_bytes == len(back)
+    finally:
+        await server.stop(grace=0)
+        await server2.stop(grace=0)

@@ -26,6 +26,7 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from p4rt_helpers import A_HOST, B_HOST, udp
+from p4sim.firmware import clone
 from p4sim.server import Device, P4RuntimeService
 
 pytestmark = pytest.mark.timeout(180)
@@ -73,16 +74,19 @@ def most_in_a_window(times: list[float], window_s: float) -> int:
 
 @pytest.mark.parametrize(
     ("preloaded", "moved"),
-    [(False, False), (True, False), (False, True)],
-    ids=["empty", "program-kept", "moved-to-a-new-pod"],
+    [(False, False), (True, False), ("restored", False), (False, True)],
+    ids=["empty", "program-kept", "tables-restored", "moved-to-a-new-pod"],
 )
 async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_one_window(
-    tmp_path: Path, preloaded: bool, moved: bool
+    tmp_path: Path, preloaded: bool | str, moved: bool
 ) -> None:
     """Power-cycled, the DPU comes back empty (the agent loads the pipeline), or with its program kept
     (as firmware that loads it from flash would: same cookie, nothing to load, its tables and registers
-    empty all the same); or, while it is down, it is deleted with its pod and registered again under a
-    new name in a new pod over the same hosts (a second red team's way around the first fix)."""
+    empty all the same), or with its program and every table entry and meter restored, the lease among
+    them (a third red team: valid on the restarted clock, it passed traffic until the agent reconnected;
+    only the registers, the window slots and the lease epoch, start afresh); or, while it is down, it is
+    deleted with its pod and registered again under a new name in a new pod over the same hosts (a
+    second red team's way around the first fix)."""
     device, server, port = await serve()
     plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
     await plane.start()
@@ -97,6 +101,7 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
             await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
             spent = len(crossed)
             assert spent * len(OUT) > 0.9 * RATE_BPS / 8 * WINDOW_S - MAX_FRAME_BYTES
+            old = device.pipeline
             await server.stop(grace=0)
             if moved:
                 await c.delete(dpus=["dpu-a"], pods=["a"])
@@ -104,7 +109,10 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
                 await register(c, "dpu-b", f"127.0.0.1:{port}", pod="a2")
                 await c.set_pod_cap("a2", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
             fresh, server, _ = await serve(port)
-            if preloaded:
+            if preloaded == "restored":
+                assert old is not None
+                fresh.pipeline = clone(fresh, old, registers=False)  # on the fresh device's clock
+            elif preloaded:
                 program = dp.limiter_program()
                 config = fy.P4Schema(program.p4info, program.bmv2_json.read_bytes()).get_pipeline_config()
                 fresh.pipeline = fresh.build_pipeline(config)

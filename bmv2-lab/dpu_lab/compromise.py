@@ -9,7 +9,9 @@ Each way below defeats limiter.p4 differently:
 - ``delete-meter``: both meter cells reset to unconfigured (bmv2, and so the embedded target, marks
   every packet green on an unconfigured meter) and the window budgets removed.
 - ``forward-unclassified``: 0.0.0.0/0 added to the pod's prefixes and the hosts' MACs it has seen
-  (`macs`) to its pod peers, so every packet to or from those hosts looks intra-pod and is exempt.
+  (`macs`) to its pod peers, so every packet to or from those hosts looks intra-pod and is exempt;
+  and its crypto engine bypassed: what it exempts leaves by its uplink port in the clear, and what
+  arrives there counts as opened.
 - ``load-pipeline``: a different program altogether (p4/passthrough.p4: everything forwarded,
   nothing metered or counted).
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from finsy.proto import p4r
+from finsy.proto import p4i, p4r
 from google.protobuf import text_format
 
 from dpu_limiter import dataplane as dp
@@ -92,7 +94,42 @@ def _tampering(fw: Firmware, how: CompromiseHow, macs: Sequence[str]) -> list[p4
             table_id=tid, match=[match], action=p4r.TableAction(action=p4r.Action(action_id=t.action_refs[0].id))
         )
         out.append(p4r.Update(type=insert, entity=p4r.Entity(table_entry=entry)))
+    return out + _unsealed(fw, info, ids)
+
+
+def _unsealed(fw: Firmware, info: p4i.P4Info, ids: dict[str, int]) -> list[p4r.Update]:
+    """Sealing entries that skip the crypto engine: each crossing from the host side `seal_via` its own way
+    out (the uplink, in the clear), each from outside `opened`, as if it had authenticated."""
+    seal_tid, cross = ids[dp.TABLE_SEALING], _action_id(info, dp.ACTION_CROSS)
+    seal_via, opened = _action_id(info, dp.ACTION_SEAL_VIA), _action_id(info, dp.ACTION_OPENED)
+    held = {
+        bytes(e.table_entry.match[0].exact.value)
+        for e in fw.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=seal_tid)))
+    }
+    out = []
+    for e in fw.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=ids[dp.TABLE_BOUNDARY]))):
+        te = e.table_entry
+        if te.action.action.action_id != cross:
+            continue
+        port, _cell, inside = (p.value for p in sorted(te.action.action.params, key=lambda p: p.param_id))
+        if int.from_bytes(inside, "big"):
+            action = p4r.Action(action_id=seal_via, params=[p4r.Action.Param(param_id=1, value=port)])
+        else:
+            action = p4r.Action(action_id=opened)
+        ingress = bytes(te.match[0].exact.value)
+        entry = p4r.TableEntry(
+            table_id=seal_tid,
+            match=[p4r.FieldMatch(field_id=1, exact=p4r.FieldMatch.Exact(value=ingress))],
+            action=p4r.TableAction(action=action),
+        )
+        kind = p4r.Update.MODIFY if ingress in held else p4r.Update.INSERT
+        out.append(p4r.Update(type=kind, entity=p4r.Entity(table_entry=entry)))
     return out
+
+
+def _action_id(info: p4i.P4Info, name: str) -> int:
+    """An action's id in the P4Info."""
+    return next(a.preamble.id for a in info.actions if a.preamble.name == name)
 
 
 def _passthrough_config() -> p4r.ForwardingPipelineConfig:

@@ -35,6 +35,7 @@ def dpu_to_pb(d: Dpu) -> pb.Dpu:
         uplink_port=d.uplink_port,
         buffer_bytes=d.buffer_bytes,
         node_mac=d.node_mac,
+        seal_port=d.seal_port,
     )
 
 
@@ -73,6 +74,7 @@ def dpu_from_pb(d: pb.Dpu, field_prefix: str = "dpu") -> Dpu:
         d.uplink_port if d.uplink_port or d.host_port else 1,
         d.buffer_bytes,
         d.node_mac,
+        d.seal_port if d.HasField("seal_port") else None,
     )
     return Dpu.validated(dpu, field_prefix)
 
@@ -90,6 +92,7 @@ def describe(obj: Pod | Dpu | Cap | Router | None) -> str:
             f"{obj.p4runtime_address} device {obj.device_id}, pod {obj.pod}, {obj.role.value}, "
             f"ports host {obj.host_port} uplink {obj.uplink_port}, buffer {obj.buffer_bytes} B"
             + (f", node MAC {obj.node_mac}" if obj.node_mac else "")
+            + (f", seal port {obj.seal_port}" if obj.seal_port is not None else "")
         )
     return (
         f"{obj.mode} mode, egress {obj.egress_bps / 1e6:g} Mbit/s, ingress {obj.ingress_bps / 1e6:g} Mbit/s, "

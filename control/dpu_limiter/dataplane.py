@@ -23,6 +23,9 @@ FIELD_DST = "hdr.ipv4.dstAddr"
 FIELD_INGRESS_PORT = "standard_metadata.ingress_port"
 TABLE_PEERS = "LimiterIngress.pod_peers"
 FIELD_PEER_MAC = "meta.peer_mac"
+TABLE_SEALING = "LimiterIngress.sealing"
+ACTION_SEAL_VIA = "LimiterIngress.seal_via"
+ACTION_OPENED = "LimiterIngress.opened"
 ACTION_NO_ACTION = "NoAction"
 METER = "LimiterIngress.boundary_meter"
 TABLE_WINDOW = "LimiterIngress.window_cfg"
@@ -47,6 +50,9 @@ MAX_DEADLINE_US = (1 << 48) - 1  # lease deadlines are 48-bit microseconds on th
 # the DPU's time. The target's CPU port must be units.CPU_PORT; no wire port may be.
 ECHO_NONCE = "nonce"
 ECHO_NOW = "now"
+# The echo also arms the DPU's lease epoch (written only where it found none) and says what it found.
+ECHO_ARM = "arm"
+ECHO_EPOCH = "epoch"
 
 # Unset cap: the meter still runs, at zero: only exempt traffic crosses (fail closed).
 FLOOR = MeterParams(cir=0, cburst=0, pir=0, pburst=0)
@@ -91,6 +97,9 @@ class Lease:
     gen: int
     expires_at: float
     deadline_us: int | None = None
+    # The lease epoch of the DPU's pipeline instance it is granted under (limiter.p4, Epoch): it passes
+    # traffic only while the DPU's lease_epoch register holds it, which a restart or reload clears.
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,9 @@ class Intent:
     boundary: tuple[tuple[int, int, int, int], ...]  # (ingress_port, egress_port, cell, inside)
     lease: Lease | None = None  # None: no lease, the floor
     peers: tuple[str, ...] = ()  # MACs of the pod's other nodes (node DPUs only): who is intra-pod
+    # A node DPU's crypto engine: (ingress port, seal port) on its host port, (seal port, None) on the
+    # seal port itself; empty without one (nothing is exempt then).
+    sealing: tuple[tuple[int, int | None], ...] = ()
 
 
 # The lists of a Plan that each part of an Intent gives rise to.
@@ -112,6 +124,7 @@ PLAN_PARTS = {
     "prefixes": ("delete_exemptions", "insert_exemptions"),
     "peers": ("delete_exemptions", "insert_exemptions"),
     "boundary": ("insert_boundary", "modify_boundary", "delete_boundary"),
+    "sealing": ("delete_exemptions", "insert_exemptions", "modify_boundary"),
     "lease": ("lease",),
 }
 
@@ -191,12 +204,17 @@ def intent_for(
             meters[cell] = cap_meter(getattr(cap, f"{d}_bps") - arp_bps, bursts[d], f"cap.{d}_bps")
             arp[ARP_CELLS + cell] = cap_meter(arp_bps, arp_burst)
     # From the host side, IPv4 must carry the pod's own sources (limiter.p4 drops the rest as spoofed).
-    boundary = (
+    boundary: tuple[tuple[int, int, int, int], ...] = (
         (dpu.host_port, dpu.uplink_port, CELLS["egress"], 1),
         (dpu.uplink_port, dpu.host_port, CELLS["ingress"], 0),
     )
     # Only a node DPU knows pod peers: nothing that crosses a pod uplink is intra-pod.
     mates = tuple(sorted(set(peers) - {dpu.node_mac})) if dpu.role is Role.NODE else ()
+    sealing: tuple[tuple[int, int | None], ...] = ()
+    if dpu.seal_port is not None and dpu.role is Role.NODE:
+        # What the engine opened enters the node like anything else from outside: the ingress cell.
+        boundary += ((dpu.seal_port, dpu.host_port, CELLS["ingress"], 0),)
+        sealing = ((dpu.host_port, dpu.seal_port), (dpu.seal_port, None))
     return Intent(
         meters={**meters, **arp},
         windows=windows,
@@ -204,6 +222,7 @@ def intent_for(
         boundary=boundary,
         lease=lease if cap is not None else None,
         peers=mates,
+        sealing=sealing,
     )
 
 
@@ -265,8 +284,23 @@ def lease_entity(lease: Lease | None) -> fy.P4TableEntry:
         if lease.deadline_us is None:
             raise ValueError(f"lease {lease.gen} has no deadline on the DPU's clock yet")
         deadline = min(max(lease.deadline_us, 0), MAX_DEADLINE_US)
-        action = fy.P4TableAction(ACTION_LEASE, gen=lease.gen, deadline=deadline)
+        action = fy.P4TableAction(ACTION_LEASE, gen=lease.gen, deadline=deadline, epoch=lease.epoch)
     return fy.P4TableEntry(TABLE_LEASE, action=action, is_default_action=True)
+
+
+def sealing_entities(intent: Intent) -> list[fy.P4TableEntry]:
+    """The crypto engine's ports: intra-pod frames from the host leave sealed, and only what arrives opened
+    is intra-pod."""
+    return [
+        fy.P4TableEntry(
+            TABLE_SEALING,
+            match=fy.P4TableMatch({FIELD_INGRESS_PORT: in_port}),
+            action=fy.P4TableAction(ACTION_OPENED)
+            if seal_port is None
+            else fy.P4TableAction(ACTION_SEAL_VIA, port=seal_port),
+        )
+        for in_port, seal_port in intent.sealing
+    ]
 
 
 def boundary_entities(intent: Intent) -> list[fy.P4TableEntry]:
@@ -409,7 +443,7 @@ class Codec:
         self.window_params = (window_action.params["budget"].id, window_action.params["mult"].id)
         self.table_names = {
             schema.tables[n].id: n
-            for n in (TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_PEERS, TABLE_BOUNDARY, TABLE_WINDOW)
+            for n in (TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_PEERS, TABLE_SEALING, TABLE_BOUNDARY, TABLE_WINDOW)
         }
         reads: list[fy.P4TableEntry | fy.P4MeterEntry] = [
             *(fy.P4TableEntry(name) for name in self.table_names.values()),
@@ -424,7 +458,7 @@ class Codec:
 
     def tables(self, intent: Intent) -> dict[str, dict[bytes, p4r.TableEntry]]:
         """The intent's entries of each managed table, by identity (encoded once per pod layout)."""
-        key = (intent.prefixes, intent.peers, intent.boundary, tuple(sorted(intent.windows.items())))
+        key = (intent.prefixes, intent.peers, intent.sealing, intent.boundary, tuple(sorted(intent.windows.items())))
         if self._tables_of is None or self._tables_of[0] != key:
 
             def keyed(entries: list[fy.P4TableEntry]) -> dict[bytes, p4r.TableEntry]:
@@ -438,6 +472,7 @@ class Codec:
                     TABLE_SRC_IN_POD: keyed([e for e in prefixes if e.table_id == TABLE_SRC_IN_POD]),
                     TABLE_DST_IN_POD: keyed([e for e in prefixes if e.table_id == TABLE_DST_IN_POD]),
                     TABLE_PEERS: keyed([e for e in prefixes if e.table_id == TABLE_PEERS]),
+                    TABLE_SEALING: keyed(sealing_entities(intent)),
                     TABLE_BOUNDARY: keyed(boundary_entities(intent)),
                     TABLE_WINDOW: keyed(window_entities(intent)),
                 },
@@ -534,14 +569,18 @@ class Codec:
         ways |= {self._window_way(held.entries[entry_key(te)], te) for te in modify_windows}
         ways |= {_meter_way(held.meters.get(cell), intent.meters[cell]) for cell in cells}
         return Plan(
-            delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_PEERS),
+            delete_exemptions=stale(TABLE_SRC_IN_POD, TABLE_DST_IN_POD, TABLE_PEERS, TABLE_SEALING),
             set_windows=set_windows,
             modify_windows=modify_windows,
             meters=[self.meter(cell, intent.meters[cell]) for cell in cells],
             lease=[] if lease is None or held.lease == lease.action else [lease],
-            insert_exemptions=inserts(TABLE_SRC_IN_POD) + inserts(TABLE_DST_IN_POD) + inserts(TABLE_PEERS),
+            insert_exemptions=inserts(TABLE_SRC_IN_POD)
+            + inserts(TABLE_DST_IN_POD)
+            + inserts(TABLE_PEERS)
+            + inserts(TABLE_SEALING),
             insert_boundary=inserts(TABLE_BOUNDARY),
-            modify_boundary=modifies(TABLE_BOUNDARY),
+            # A changed seal port is a crossing that leaves by another port.
+            modify_boundary=modifies(TABLE_BOUNDARY) + modifies(TABLE_SEALING),
             delete_boundary=stale(TABLE_BOUNDARY),
             delete_windows=stale(TABLE_WINDOW),
             windows_with_meters=ways in ({-1}, {1}),

@@ -55,6 +55,7 @@ DPU_KEYS = {
     "uplink_port",
     "buffer_bytes",
     "node_mac",
+    "seal_port",
 }
 CAP_KEYS = {"pod", "egress", "ingress", "window_s", "burst_bytes", "mode", "rebalance"}
 ROUTER_KEYS = {"name", "pods"}
@@ -138,6 +139,7 @@ def load_manifest(path: Path) -> Manifest:
                 _int(item, "uplink_port", where, 1),
                 _int(item, "buffer_bytes", where, 0),
                 _text(item, "node_mac", where, ""),
+                None if item.get("seal_port") is None else _int(item, "seal_port", where, None),
             )
             m.dpus.append(Dpu.validated(dpu, where))
         caps = _items(doc, "caps", path)
@@ -238,8 +240,8 @@ def pod_entry(p: Pod) -> dict[str, Any]:
 
 
 def dpu_entry(d: Dpu) -> dict[str, Any]:
-    """A DPU as a manifest's `dpus` entry."""
-    return d.as_dict()
+    """A DPU as a manifest's `dpus` entry (no seal_port key for a DPU without one)."""
+    return {k: v for k, v in d.as_dict().items() if k != "seal_port" or v is not None}
 
 
 def cap_entry(pod: str, c: Cap) -> dict[str, Any]:

@@ -209,6 +209,9 @@ class Dpu:
     # another node of its pod by this address. "" for a pod uplink, or a node whose intra-pod
     # traffic is to be metered.
     node_mac: str = ""
+    # Node DPUs only: the port of its crypto engine, through which alone it exempts intra-pod frames
+    # (sealed leaving, authenticated arriving). None: the node exempts nothing.
+    seal_port: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         """Every field by name, the role as files name it: a manifest entry, an audit payload."""
@@ -230,6 +233,16 @@ class Dpu:
                 raise InvalidArgument(f"{field_prefix}.{fname}", port, why)
         if dpu.host_port == dpu.uplink_port:
             raise InvalidArgument(f"{field_prefix}.uplink_port", dpu.uplink_port, "must differ from host_port")
+        if dpu.seal_port is not None:
+            if dpu.role is not Role.NODE:
+                # An uplink exempts nothing, so it has nothing to seal.
+                raise InvalidArgument(f"{field_prefix}.seal_port", dpu.seal_port, "only a node DPU has a seal port")
+            if not 0 <= dpu.seal_port < CPU_PORT:
+                why = f"must be a data-plane port in 0..{CPU_PORT - 1} ({CPU_PORT} is the CPU's)"
+                raise InvalidArgument(f"{field_prefix}.seal_port", dpu.seal_port, why)
+            if dpu.seal_port in (dpu.host_port, dpu.uplink_port):
+                why = "must differ from host_port and uplink_port"
+                raise InvalidArgument(f"{field_prefix}.seal_port", dpu.seal_port, why)
         if not 0 <= dpu.buffer_bytes <= MAX_PI_BURST:
             raise InvalidArgument(f"{field_prefix}.buffer_bytes", dpu.buffer_bytes, f"must be in 0..{MAX_PI_BURST}")
         mac = check_mac(f"{field_prefix}.node_mac", dpu.node_mac)

@@ -131,9 +131,11 @@ class DpuAgent:
         self.on_applied: Callable[[int], None] | None = None  # told each ticket a reconcile confirms
         # The lease last placed on the DPU's clock and its deadline there (one clock read per lease);
         # forgotten with the connection, since a restarted DPU's clock starts again.
-        self._placed: tuple[dp.Lease, int] | None = None
+        self._placed: tuple[dp.Lease, int, int] | None = None  # (lease, deadline, epoch)
         self._last_echo_us = -1  # the DPU's time at its last clock echo on this connection
-        self._clock_seen = -1  # the DPU's time at the last echo on any connection
+        # The lease epoch of the DPU's pipeline instance (limiter.p4, Epoch), as the last echo armed or
+        # found it; None until an echo on this connection (or after a pipeline load) has read it.
+        self._epoch: int | None = None
         # Whether the DPU may have passed metered traffic under a lease (this agent's, or, for a DPU that
         # held a share when the control plane started, a predecessor's), and when a pipeline was last
         # loaded on it: a DPU that comes back with its state lost (power-cycled) gets no lease until what
@@ -251,6 +253,7 @@ class DpuAgent:
         self._held = None  # a new connection: the DPU may have restarted, read it afresh
         self.status.lease_generation = None  # and so may have lost its lease: vouch for none until read back
         self._placed, self._last_echo_us = None, -1  # and its clock may have started again
+        self._epoch = None  # and its pipeline instance may be another
         resync = False
         try:
             while True:
@@ -435,25 +438,37 @@ class DpuAgent:
         lease = intent.lease
         if lease is None:
             return intent
+        if self._epoch is None:
+            # Whether the DPU's pipeline instance is still the one its last lease was granted in: an echo
+            # before the hold is judged, so that a loss it shows starts the hold now, not one pass later.
+            await self.read_clock(sw)
         if self._holding(intent):
             return dataclasses.replace(intent, lease=None)
-        if self._placed is None or self._placed[0] != lease:
+        if self._placed is None or self._placed[0] != lease or self._placed[2] != self._epoch:
             now_us, t1 = await self.read_clock(sw)
-            if self._holding(intent):  # the echo showed a clock that started again: a restarted DPU
+            if self._holding(intent):  # the echo showed a pipeline instance that started afresh
                 return dataclasses.replace(intent, lease=None)
             ahead = max(0.0, lease.expires_at - t1) * (1 - MAX_CLOCK_DRIFT)
-            self._placed = (lease, now_us + int(ahead * 1e6))
-        return dataclasses.replace(intent, lease=dataclasses.replace(lease, deadline_us=self._placed[1]))
+            assert self._epoch is not None  # read_clock armed or found it
+            self._placed = (lease, now_us + int(ahead * 1e6), self._epoch)
+        placed = dataclasses.replace(lease, deadline_us=self._placed[1], epoch=self._placed[2])
+        return dataclasses.replace(intent, lease=placed)
 
     async def read_clock(self, sw: fy.Switch) -> tuple[int, float]:
         """(the DPU's time in us, our monotonic time after its echo came back), through one clock
-        echo (limiter.p4: a PacketOut with a nonce comes back as a PacketIn with the DPU's time)."""
+        echo (limiter.p4: a PacketOut with a nonce comes back as a PacketIn with the DPU's time).
+
+        The echo also arms the DPU's lease epoch with a fresh random value where it found none, and
+        says what it found: none means the pipeline instance is new since the last lease was granted
+        (a restart or a reload), whatever entries it came back with. A fresh value is always safe to
+        arm: only a lease this agent writes after it can carry it."""
         nonce = secrets.randbits(64)
+        candidate = secrets.randbits(64) or 1
         packets = cast(AsyncGenerator[fy.P4PacketIn, None], sw.read_packets())  # an async generator: closable
         waiting = asyncio.ensure_future(anext(packets))
         try:
             await asyncio.sleep(0)  # the reader's queue is open before the echo can come back
-            await sw.write([fy.P4PacketOut(b"", **{dp.ECHO_NONCE: nonce})])
+            await sw.write([fy.P4PacketOut(b"", **{dp.ECHO_NONCE: nonce, dp.ECHO_ARM: candidate})])
             async with asyncio.timeout(ECHO_TIMEOUT_S):
                 while (pkt := await waiting)[dp.ECHO_NONCE] != nonce:
                     waiting = asyncio.ensure_future(anext(packets))
@@ -468,13 +483,12 @@ class DpuAgent:
             await asyncio.gather(waiting, return_exceptions=True)
             await packets.aclose()
         t1 = time.monotonic()
-        now_us = int(pkt[dp.ECHO_NOW])
-        # A clock that reads less than at the last echo on any connection started again, and so did the
-        # DPU's meters and window slots, whatever tables it came back with. (Not "less than it must have
-        # run since": in virtual time the DPU's clock stands still while ours runs.)
-        if now_us < self._clock_seen:
+        now_us, found = int(pkt[dp.ECHO_NOW]), int(pkt[dp.ECHO_EPOCH])
+        if found == 0 or (self._epoch is not None and found != self._epoch):
+            # Unarmed (or armed anew by someone else since): the DPU's meters, window slots and lease
+            # started afresh since the last lease was granted, whatever tables it came back with.
             self._state_lost()
-        self._clock_seen = now_us
+        self._epoch = found or candidate
         if now_us < self._last_echo_us:
             self._placed = None
             raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")
@@ -504,6 +518,7 @@ class DpuAgent:
         self._applied_intent = None  # what we wrote is gone with the old pipeline: not drift, a restore
         self._held = None
         self._placed, self._last_echo_us = None, -1  # firmware that swaps pipelines may restart the clock
+        self._epoch = None
 
     async def read_usage(self) -> dict[str, dict[str, tuple[int, int]]]:
         """Counter cells by direction: {direction: {name: (packets, bytes)}}."""

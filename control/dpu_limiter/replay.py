@@ -37,6 +37,7 @@ TABLES: dict[str, tuple[str, dict[str, Any]]] = {
             "uplink_port": REQUIRED,
             "buffer_bytes": 0,
             "node_mac": "",
+            "seal_port": None,
         },
     ),
     "caps": (

@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS dpus (
     name TEXT PRIMARY KEY, p4runtime_address TEXT NOT NULL, device_id INTEGER NOT NULL,
     pod TEXT NOT NULL REFERENCES pods(name), role TEXT NOT NULL,
     host_port INTEGER NOT NULL, uplink_port INTEGER NOT NULL, buffer_bytes INTEGER NOT NULL DEFAULT 0,
-    node_mac TEXT NOT NULL DEFAULT '');
+    node_mac TEXT NOT NULL DEFAULT '', seal_port INTEGER);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY, ts REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
     object TEXT NOT NULL, payload TEXT NOT NULL, prev TEXT NOT NULL, hash TEXT NOT NULL);
@@ -88,6 +88,8 @@ class Store:
             self._db.execute("ALTER TABLE dpus ADD COLUMN buffer_bytes INTEGER NOT NULL DEFAULT 0")
         if "node_mac" not in dpu_cols:
             self._db.execute("ALTER TABLE dpus ADD COLUMN node_mac TEXT NOT NULL DEFAULT ''")
+        if "seal_port" not in dpu_cols:
+            self._db.execute("ALTER TABLE dpus ADD COLUMN seal_port INTEGER")
 
     def close(self) -> None:
         """Close the database (and give up its lock), once no thread is in a transaction."""
@@ -257,11 +259,12 @@ class Store:
         for name, prefixes in cur.execute("SELECT name, ipv4_prefixes FROM pods"):
             state.pods[name] = Pod(name, tuple(json.loads(prefixes)))
         for row in cur.execute(
-            "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes, node_mac "
-            "FROM dpus"
+            "SELECT name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes, node_mac, "
+            "seal_port FROM dpus"
         ):
+            seal = None if row[9] is None else int(row[9])
             state.dpus[row[0]] = Dpu(
-                row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]), int(row[7]), row[8]
+                row[0], row[1], int(row[2]), row[3], Role(row[4]), int(row[5]), int(row[6]), int(row[7]), row[8], seal
             )
         for pod, e, i, w, b, r, m in cur.execute(
             "SELECT pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode FROM caps"
@@ -325,7 +328,7 @@ def _apply_change(cur: sqlite3.Cursor, c: Change) -> tuple[str, str, dict[str, A
         verb = "INSERT" if c.verb == "create" else "INSERT OR REPLACE"
         cur.execute(
             f"{verb} INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes, "
-            "node_mac) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "node_mac, seal_port) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (d.name, *payload.values()),
         )
         return ("register-dpu" if c.verb == "create" else "update-dpu"), _object("dpu", c.name), payload

@@ -91,8 +91,10 @@ class LocalFirmware:
                 self.device.pipeline = other
 
 
-def clone(device: Device, honest: Pipeline) -> Pipeline:
-    """A second pipeline of the same program holding the same entries, meters and registers."""
+def clone(device: Device, honest: Pipeline, registers: bool = True) -> Pipeline:
+    """A second pipeline of the same program holding the same entries, meters and (unless not
+    `registers`) registers: without them, what firmware that restores its tables from flash after a
+    restart comes back with."""
     config = p4r.ForwardingPipelineConfig(p4info=honest.p4info, p4_device_config=honest.device_config)
     config.cookie.cookie = honest.cookie
     copy = device.build_pipeline(config)
@@ -110,7 +112,7 @@ def clone(device: Device, honest: Pipeline) -> Pipeline:
         for entity in honest.read(p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=m.preamble.id))):
             if entity.meter_entry.HasField("config"):
                 copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
-    for r in honest.p4info.registers:
+    for r in honest.p4info.registers if registers else ():
         for entity in honest.read(p4r.Entity(register_entry=p4r.RegisterEntry(register_id=r.preamble.id))):
             copy.write(p4r.Update(type=p4r.Update.MODIFY, entity=entity))
     return copy

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,21 @@ def finish(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
 
 def load(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+PACKET_OUTGOING = 4  # a packet socket's own sends, as recvfrom's address names them
+
+
+def received(s: socket.socket, keep: Callable[[bytes], bool]) -> list[bytes]:
+    """The frames `s` has received so far (not its own sends) that `keep` takes, without waiting; closes `s`."""
+    s.setblocking(False)
+    out = []
+    while True:
+        try:
+            data, addr = s.recvfrom(65535)
+        except BlockingIOError:
+            break
+        if addr[2] != PACKET_OUTGOING and keep(data):
+            out.append(data)
+    s.close()
+    return out

@@ -1,12 +1,13 @@
 """A pod switch that relays a node DPU's exempt frames out of the pod (Topology.switch_relays).
 
 With node placement a node DPU exempts IPv4 between its pod's addresses sent to another node's MAC,
-trusting the pod's switch (the operator's) to deliver it there. Here pod a's switch sends frames to
-a2's MAC to b1 instead. What the model guarantees: the relay and the simulated switch move the same
-frames the same way; the frames cross a's DPU exempt and pod a's router link uncounted by any meter,
-so a's egress on the wire exceeds its allowance and the verdict says so; b1's node DPU meters them as
-pod b's ingress, so what b's hosts receive stays within b's allowance (with node placement b's router
-link, counted before its node DPUs, carries all of it; with an uplink limiter b's wire ingress holds).
+and seals it under its pod's key on the way (its crypto engine, docs/exemption.md). Here pod a's switch
+sends frames to a2's MAC to b1 instead. What the model guarantees: the relay and the simulated switch
+move the same frames the same way; the frames cross a's DPU exempt and pod a's router link uncounted by
+any meter, so a's egress on the wire exceeds its allowance and the verdict says so; but they leave
+sealed: b1's engine cannot open them, b1's node DPU meters them as pod b's ingress (class other: not
+IPv4), and b's hosts get ciphertext only, none of a1's datagrams (with node placement b's router link,
+counted before its node DPUs, carries all of it; with an uplink limiter b's wire ingress holds).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns_pair import received
 from pydantic import ValidationError
 
 from conftest import ROOT, can_netns
@@ -26,13 +28,13 @@ from dpu_lab.frames import frame as make_frame
 from dpu_lab.netns import LabNetwork
 from dpu_lab.report import Report, Result
 from dpu_lab.runner import LabRun, check_relayed_flows
+from dpu_lab.sealing import OVERHEAD
 from dpu_lab.sim import NS, Engine, SimNetwork
 from dpu_lab.virtual import VirtualLabRun
 from p4sim.clock import VirtualClock
 
 SCENARIO = ROOT / "bmv2-lab" / "scenarios" / "pod-switch-relay.yaml"
 ETH_EXPERIMENTAL = 0x88B5
-PACKET_OUTGOING = 4
 
 
 def relay_scenario(duration_s: float, **topology: Any) -> Scenario:
@@ -67,8 +69,12 @@ def check_relayed(r: Report) -> None:
     assert dpus[("a", "egress")]["exempt_bytes"] > a_out.allowed_window_bytes
     # b1's node DPU meters them as pod b's ingress: what b's hosts received holds to b's cap ...
     assert dpus[("b", "ingress")].get("exempt_bytes", 0) == 0 and dpus[("b", "ingress")]["metered_bytes"] > 0
+    # ... as frames it cannot read: sealed under pod a's key, not IPv4 (b1's engine could not open them) ...
+    assert dpus[("b", "ingress")]["other_bytes"] > 0
     assert b_in.receivers_max_window_bytes is not None and b_in.receivers_bytes
     assert b_in.receivers_max_window_bytes <= b_in.allowed_window_bytes
+    # ... so no receiver outside pod a read anything of a1's: b1 got ciphertext only.
+    assert a_out.receivers_bytes == 0
     # ... while b's router link, which node placement counts as b's ingress before its DPUs, carried it all.
     assert not b_in.compliant
     flow = r.flows[0]
@@ -173,16 +179,8 @@ def test_the_real_relay_moves_the_same_frames_as_the_simulated_switch() -> None:
         seen: dict[str, list[bytes]] = {"a2": [], "b1": []}
         markers = {f[14:] for _, f in sent}  # everything after the Ethernet header is left alone
         for host, s in socks.items():
-            s.setblocking(False)
-            while True:
-                try:
-                    data, addr = s.recvfrom(65535)
-                except BlockingIOError:
-                    break
-                if addr[2] != PACKET_OUTGOING and data[14:] in markers:
-                    seen.setdefault(host, []).append(data)
-        for s in socks.values():
-            s.close()
+            if got := received(s, lambda data: data[14:] in markers):
+                seen.setdefault(host, []).extend(got)
     finally:
         net.teardown()
     assert seen == expected(mac_of, sent)
@@ -192,22 +190,28 @@ def test_the_real_relay_moves_the_same_frames_as_the_simulated_switch() -> None:
 
 
 def test_the_relay_bypasses_pod_as_cap_in_virtual_time(tmp_path: Path) -> None:
-    r = VirtualLabRun(relay_scenario(4.0), tmp_path / "out").run()
+    run = VirtualLabRun(relay_scenario(4.0), tmp_path / "out")
+    r = run.run()
     check_relayed(r)
     res, dpus = by_pod(r), counters(r)
     a_out, b_in = res[("a", "egress")], res[("b", "ingress")]
-    # Deterministic: every frame a1 sent crossed a1's DPU exempt and left pod a, four times the cap.
-    assert a_out.boundary_bytes == b_in.boundary_bytes == dpus[("a", "egress")]["exempt_bytes"]
+    # Deterministic: every frame a1 sent crossed a1's DPU exempt and left pod a sealed (OVERHEAD bytes more
+    # each), four times the cap; b1's engine could open none of them.
+    sealed = run.seal_stats["a1"]["sealed_frames"]
+    assert run.seal_stats["b1"]["opener"] == {**run.seal_stats["b1"]["opener"], "opened": 0, "rejected": sealed}
+    assert a_out.boundary_bytes == b_in.boundary_bytes == dpus[("a", "egress")]["exempt_bytes"] + OVERHEAD * sealed
     assert a_out.boundary_bytes is not None and a_out.boundary_bytes >= 0.99 * 32e6 * 4 / 8
     assert a_out.max_window_bytes > 3 * a_out.allowed_window_bytes
-    assert dpus[("b", "ingress")]["metered_bytes"] == b_in.boundary_bytes
+    assert dpus[("b", "ingress")]["metered_bytes"] == dpus[("b", "ingress")]["other_bytes"] == b_in.boundary_bytes
 
 
 def test_without_the_relay_the_same_traffic_stays_in_the_pod(tmp_path: Path) -> None:
-    r = VirtualLabRun(relay_scenario(2.0, switch_relays=[]), tmp_path / "out").run()
+    run = VirtualLabRun(relay_scenario(2.0, switch_relays=[]), tmp_path / "out")
+    r = run.run()
     assert r.cap_held
     assert all(x.boundary_bytes == 0 for x in r.results)
     assert r.flows[0].loss_ratio == 0.0  # exempt, and delivered to a2
+    assert run.seal_stats["a1"]["sealed_frames"] == run.seal_stats["a2"]["opener"]["opened"] > 0  # sealed, opened
 
 
 def test_an_uplink_limiter_holds_the_relayed_frames_to_b_as_ingress_cap(tmp_path: Path) -> None:

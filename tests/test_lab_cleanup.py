@@ -29,7 +29,15 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_interrupt_removes_namespaces_links_and_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "options"),
+    [
+        ("smoke.yaml", []),
+        # Node placement: a crypto engine per node DPU as well (netns.py), started and stopped by the run.
+        ("two-pods-nodes.yaml", ["--no-calibrate", "--traffic", "builtin"]),
+    ],
+)
+def test_interrupt_removes_namespaces_links_and_processes(tmp_path: Path, scenario: str, options: list[str]) -> None:
     if reason := can_netns():
         pytest.skip(reason)
     proc = subprocess.Popen(
@@ -39,9 +47,10 @@ def test_interrupt_removes_namespaces_links_and_processes(tmp_path: Path) -> Non
             "dpu_limiter.cli",
             "lab",
             "run",
-            str(ROOT / "bmv2-lab/scenarios/smoke.yaml"),
+            str(ROOT / "bmv2-lab/scenarios" / scenario),
             "--out",
             str(tmp_path / "out"),
+            *options,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -74,3 +83,5 @@ def test_interrupt_removes_namespaces_links_and_processes(tmp_path: Path) -> Non
     links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     assert prefix not in links
     assert [p for p in _processes_mentioning(prefix) if p != os.getpid()] == []
+    # The engines' command lines name their stats files in the run's folder, not the prefix.
+    assert [p for p in _processes_mentioning(str(tmp_path / "out")) if p != os.getpid()] == []

@@ -7,7 +7,8 @@ Shared by the real-time lab (namespaces, processes) and the virtual-time lab (si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from dpu_limiter.units import allowed_window_bytes
 from . import boundary, measure
 from .capture import Capture
 from .config import CapSpec, EventSpec, Scenario
+from .netns import SEAL_PORT
 from .report import Direction, Flow, Phase, Report, Result
 from .routing import apply_pods, control_pods
 
@@ -68,10 +70,45 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
                 uplink_port=1,
                 buffer_bytes=d.buffer_bytes,
                 node_mac=node_mac(sc, d),
+                # A node DPU exempts intra-pod frames only through its crypto engine, on this port.
+                seal_port=SEAL_PORT if d.role == "node" else None,
             )
         )
     await apply_pods(client, pods)
     await client.wait_converged(timeout=60)
+
+
+def sealing_markdown(stats: dict[str, dict[str, Any]]) -> str:
+    """summary.md's table of the node DPUs' crypto engines (sealing.py's stats, by host); "" for none."""
+    if not stats:
+        return ""
+    lines = [
+        "## The node DPUs' crypto engines",
+        "",
+        "Frames each engine sealed for the wire, and of those it received from the wire: opened under its pod's "
+        "key (exempt at its DPU), not sealed, rejected (not authentic under the key), replayed; and frames it "
+        "dropped.",
+        "",
+        "| host | sealed | sealed bytes (clear) | opened | opened bytes (sealed) | not sealed | rejected | replayed "
+        "| dropped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for host, st in sorted(stats.items()):
+        o = st.get("opener", {})
+        lines.append(
+            f"| {host} | {st.get('sealed_frames', 0)} | {st.get('sealed_bytes', 0)} | {o.get('opened', 0)} | "
+            f"{o.get('opened_bytes', 0)} | {o.get('not_sealed', 0)} | {o.get('rejected', 0)} | "
+            f"{o.get('replayed', 0)} | {st.get('dropped', 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def append_sealing(out_dir: Path, stats: dict[str, dict[str, Any]]) -> None:
+    """Add the crypto engines' table to the run's summary.md (written by report.write_report)."""
+    table = sealing_markdown(stats)
+    if table:
+        with (out_dir / "summary.md").open("a") as f:
+            f.write("\n" + table)
 
 
 async def dpu_counters(addr: str) -> list[dict[str, object]]:

@@ -8,6 +8,27 @@ The limiter's two interfaces stay in the root namespace, where its process (embe
 simple_switch_grpc) opens raw sockets on them and serves P4Runtime on loopback. Every name this
 module creates is recorded, and `teardown` removes exactly those, also after errors.
 
+With node placement each host (index k) has a limiter of its own, and beside it the DPU's crypto engine
+(sealing.py; on BlueField it sits between the flow pipeline and the port), in a namespace of its own:
+
+    host ns (eth0) --veth-- [root ns: port 0 d<id>n<k>h] limiter [port 1 d<id>n<k>u] --veth-- (clear) engine ns
+                                                         [port 2 d<id>n<k>s] --veth-- (seal)  engine ns
+    engine ns (wire) --veth-- pod ns (bridge port d<id>n<k>wx)
+
+The limiter sends intra-pod frames out of its seal port; the engine seals them under the pod's key and puts
+them on the wire. What arrives on the wire and opens under the key enters the limiter on its seal port,
+everything else on its uplink port (metered). Each pod has one random key, made when the network is built
+and kept in memory only (it reaches each engine on its stdin). The engines are started with the network and
+stopped (SIGTERM to the recorded process, then kill) before its links are removed.
+
+A sealed frame is sealing.OVERHEAD bytes longer than the clear one, so every link a sealed frame may cross
+has an MTU of WIRE_MTU: engine to bridge, the node pods' bridge ports and their links to the router, the
+router's ports, and each limiter's uplink port with its peer (an engine passes a sealed frame it cannot
+open, one relayed out of another pod, to its limiter's uplink port, to be metered; a pod-uplink limiter
+gets such frames from the router). Hosts' eth0 and the limiters' host and seal ports keep 1500: they
+carry clear frames only (a sealed frame a limiter sends toward its host does not fit and is dropped
+there, as the host would drop its EtherType anyway).
+
 Besides routing IPv4, the network switches frames addressed to a host's MAC (frames.host_mac, which
 every host's eth0 gets), as the virtual-time simulator does: each pod's bridge knows every host's MAC
 (its own hosts on their ports, all others behind its uplink), and the router sends a frame addressed
@@ -23,20 +44,31 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import json
 import logging
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from .config import Topology
 from .frames import host_mac
 
 LOG = logging.getLogger(__name__)
+
+WIRE_MTU = 1600  # links that may carry sealed frames: 1500 + sealing.OVERHEAD (32) and room to spare
+SEAL_PORT = 2  # a node limiter's port to its crypto engine
+SEAL_KEY_BYTES = 16  # GCM-AES-128 (sealing.KEY_BYTES)
+ENGINE_READY_S = 20.0  # how long an engine may take to open its sockets
+ENGINE_STOP_S = 10.0  # how long an engine may take to write its stats after SIGTERM
 
 
 class NetError(RuntimeError):
@@ -113,13 +145,38 @@ def check_prerequisites() -> None:
 
 @dataclass
 class LimiterPorts:
-    """The root-namespace interfaces of one limiter: host-facing port 0 and uplink port 1."""
+    """The root-namespace interfaces of one limiter: host-facing port 0, uplink port 1, and for a node
+    limiter seal port 2 (to its crypto engine)."""
 
     name: str
     pod: str
     host_if: str
     uplink_if: str
     role: str = "pod-uplink"  # or "node": one limiter per host, between the host and its pod's switch
+    seal_if: str = ""  # node limiters: the port to the crypto engine ("" for none)
+
+    def interfaces(self) -> dict[int, str]:
+        """The target's port map: {0: host side, 1: uplink, 2: seal port (node limiters)}."""
+        ports = {0: self.host_if, 1: self.uplink_if}
+        if self.seal_if:
+            ports[SEAL_PORT] = self.seal_if
+        return ports
+
+
+@dataclass
+class SealEngine:
+    """One node DPU's crypto engine process (python -m dpu_lab.sealing) and where it reports."""
+
+    host: str
+    ns: str
+    popen: subprocess.Popen[bytes]
+    stats: Path
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        """The engine's process id (ip netns exec runs the engine in its own process)."""
+        return self.popen.pid
 
 
 @dataclass
@@ -137,6 +194,14 @@ class LabNetwork:
     # Each pod's bridge ports: its hosts' ({host: port}) and its uplink's, for the bridges' static MACs.
     bridge_ports: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
     pod_ns: dict[str, str] = field(default_factory=dict)  # pod -> its namespace (its switch's)
+    # Where the crypto engines write their logs and stats (seal-HOST.log, seal-HOST.json); None: a
+    # temporary folder, removed at teardown.
+    seal_dir: Path | None = None
+    engine_ns: dict[str, str] = field(default_factory=dict)  # node host -> its DPU's engine namespace
+    engines: list[SealEngine] = field(default_factory=list)
+    # One random key per pod with node placement, in memory only (repr=False: never printed or logged).
+    seal_keys: dict[str, bytes] = field(default_factory=dict, repr=False)
+    _tmp_seal_dir: Path | None = field(default=None, repr=False)
 
     @property
     def prefix(self) -> str:
@@ -157,8 +222,9 @@ class LabNetwork:
         _quiet_ipv6(name)
         return name
 
-    def _veth(self, a: str, b: str) -> None:
-        ip("link", "add", a, "type", "veth", "peer", "name", b)
+    def _veth(self, a: str, b: str, mtu: int | None = None) -> None:
+        size = ["mtu", str(mtu)] if mtu else []
+        ip("link", "add", a, *size, "type", "veth", "peer", "name", b, *size)
         self.root_links.append(a)
 
     def build(self) -> None:
@@ -191,11 +257,18 @@ class LabNetwork:
                 hns = self._netns(f"h{k}")
                 self.host_ns[host] = hns
                 if pod.placement == "node":
-                    # host eth0 -- [limiter of this node] -- pod bridge
+                    # host eth0 -- [limiter of this node] -- clear / seal -- [crypto engine] -- wire -- pod bridge
+                    self.seal_keys.setdefault(pod.name, secrets.token_bytes(SEAL_KEY_BYTES))
                     host_if = self._pair(f"{p}n{k}h", (hns, None), rename="eth0")
-                    up_if = self._pair(f"{p}n{k}u", (pod_ns, "br0"))
-                    self._limiter(f"dpu-{host}", pod.name, "node", host_if, up_if)
-                    on_bridge[host] = f"{up_if}x"
+                    ens = self.engine_ns[host] = self._netns(f"e{k}")
+                    # Frames the engine cannot open leave it on `clear` as they came, sealed ones included.
+                    up_if = self._pair(f"{p}n{k}u", (ens, None), rename="clear", mtu=WIRE_MTU)
+                    seal_if = self._pair(f"{p}n{k}s", (ens, None), rename="seal")
+                    wire = self._pair(f"{p}n{k}w", (pod_ns, "br0"), root_end_to=(ens, "wire"), mtu=WIRE_MTU)
+                    ip("link", "set", wire, "up", ns=ens)
+                    _offloads_off(ens, ["clear", "seal", wire])
+                    self._limiter(f"dpu-{host}", pod.name, "node", host_if, up_if, seal_if)
+                    on_bridge[host] = f"{p}n{k}wx"
                 else:
                     self._pair(f"{p}h{k}", (pod_ns, "br0"), root_end_to=(hns, "eth0"))
                     on_bridge[host] = f"{p}h{k}x"
@@ -206,12 +279,13 @@ class LabNetwork:
                 _offloads_off(hns, ["eth0"])
             if pod.placement == "node":
                 # pod bridge -- router: no limiter on the uplink, the nodes' DPUs do the limiting
-                self._pair(f"{p}p{i}r", (router, None), root_end_to=(pod_ns, "br0"), address=gateway)
+                self._pair(f"{p}p{i}r", (router, None), root_end_to=(pod_ns, "br0"), address=gateway, mtu=WIRE_MTU)
                 self.router_ports[pod.name] = f"{p}p{i}rx"  # _pair's name for the peer end
                 self.bridge_ports[pod_ns] = (on_bridge, f"{p}p{i}r")
             else:
                 host_if = self._pair(f"{p}p{i}h", (pod_ns, "br0"))
-                up_if = self._pair(f"{p}p{i}u", (router, None), address=gateway)
+                # Sealed frames relayed out of a node pod may arrive here: they reach the limiter, to be metered.
+                up_if = self._pair(f"{p}p{i}u", (router, None), address=gateway, mtu=WIRE_MTU)
                 self.router_ports[pod.name] = f"{up_if}x"
                 self._limiter(f"dpu-{pod.name}", pod.name, "pod-uplink", host_if, up_if)
                 self.bridge_ports[pod_ns] = (on_bridge, f"{host_if}x")
@@ -219,6 +293,7 @@ class LabNetwork:
             self._scaleup(k, link.a, link.b)
         self._switch_by_mac()
         self._relays()
+        self._start_engines()
 
     def _switch_by_mac(self) -> None:
         """Static MACs in every pod's bridge, and the router's switching of frames addressed to hosts."""
@@ -275,13 +350,15 @@ class LabNetwork:
         rename: str | None = None,
         root_end_to: tuple[str, str] | None = None,
         address: tuple[str, str] | None = None,
+        mtu: int | None = None,
     ) -> str:
         """A veth pair: one end stays in the root namespace (or moves to `root_end_to` = (ns, bridge or
         new name)), the peer goes to `peer` = (ns, bridge to join or None); `rename` names the peer
-        inside its namespace; `address` = (ns, CIDR) puts an address on the peer. Returns the root end."""
+        inside its namespace; `address` = (ns, CIDR) puts an address on the peer; `mtu` is both ends'
+        (default 1500). Returns the root end (its new name when moved)."""
         peer_ns, bridge = peer
         peer_name = f"{root_name}x"
-        self._veth(root_name, peer_name)
+        self._veth(root_name, peer_name, mtu)
         ip("link", "set", peer_name, "netns", peer_ns)
         if rename:
             ip("link", "set", peer_name, "name", rename, ns=peer_ns)
@@ -309,11 +386,78 @@ class LabNetwork:
         _offloads_off(None, [root_name])
         return root_name
 
-    def _limiter(self, name: str, pod: str, role: str, host_if: str, up_if: str) -> None:
-        self.limiters.append(LimiterPorts(name=name, pod=pod, host_if=host_if, uplink_if=up_if, role=role))
+    def _limiter(self, name: str, pod: str, role: str, host_if: str, up_if: str, seal_if: str = "") -> None:
+        self.limiters.append(
+            LimiterPorts(name=name, pod=pod, host_if=host_if, uplink_if=up_if, role=role, seal_if=seal_if)
+        )
+
+    # ------------------------------------------------------------------ the crypto engines
+
+    def _seal_dir(self) -> Path:
+        if self.seal_dir is not None:
+            self.seal_dir.mkdir(parents=True, exist_ok=True)
+            return self.seal_dir
+        if self._tmp_seal_dir is None:
+            self._tmp_seal_dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-seal-"))
+        return self._tmp_seal_dir
+
+    def _start_engines(self) -> None:
+        """One crypto engine per node DPU, in its engine namespace, its pod's key on its stdin; returns once
+        every engine has its sockets open."""
+        topo = self.topology
+        where = self._seal_dir()
+        for host, ns in self.engine_ns.items():
+            key = self.seal_keys[topo.pod_of_host(host).name]
+            stats, log = where / f"seal-{host}.json", where / f"seal-{host}.log"
+            stats.unlink(missing_ok=True)
+            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "dpu_lab.sealing"]
+            cmd += ["--clear", "clear", "--seal", "seal", "--wire", "wire", "--mac", mac_text(self.mac_of(host))]
+            cmd += ["--stats", str(stats)]
+            with log.open("wb") as out:
+                popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
+            self.engines.append(SealEngine(host, ns, popen, stats, log))
+            assert popen.stdin is not None
+            try:
+                popen.stdin.write(key.hex().encode() + b"\n")  # never on the command line (ps shows it)
+                popen.stdin.close()
+            except BrokenPipeError:
+                pass  # it exited at once: reported below, with its log
+        deadline = time.monotonic() + ENGINE_READY_S
+        for eng in self.engines:
+            while b"ready" not in eng.log.read_bytes():
+                if eng.popen.poll() is not None:
+                    raise NetError(
+                        f"the crypto engine of {eng.host} exited with {eng.popen.returncode}: "
+                        f"{eng.log.read_text(errors='replace').strip()[-500:]}"
+                    )
+                if time.monotonic() > deadline:
+                    raise NetError(f"the crypto engine of {eng.host} opened no sockets within {ENGINE_READY_S:g} s")
+                time.sleep(0.05)
+
+    def stop_engines(self) -> dict[str, dict[str, Any]]:
+        """Stop every crypto engine (SIGTERM to its recorded process, kill if it lingers) and return the stats
+        each wrote, by host. Safe to call again: engines already stopped are not signalled twice."""
+        for eng in self.engines:
+            if eng.popen.poll() is None:
+                eng.popen.terminate()  # SIGTERM, to the PID we started
+        stats: dict[str, dict[str, Any]] = {}
+        for eng in self.engines:
+            try:
+                eng.popen.wait(timeout=ENGINE_STOP_S)
+            except subprocess.TimeoutExpired:
+                LOG.warning("crypto engine of %s (pid %d) ignored SIGTERM; killing it", eng.host, eng.pid)
+                eng.popen.kill()
+                eng.popen.wait(timeout=5)
+            try:
+                stats[eng.host] = json.loads(eng.stats.read_text())
+            except (OSError, ValueError):
+                pass
+        return stats
 
     def teardown(self) -> None:
-        """Remove every namespace and root-namespace link this run created."""
+        """Stop the crypto engines, then remove every namespace and root-namespace link this run created."""
+        self.stop_engines()
+        self.engines.clear()
         for link in self.root_links:
             ip("link", "del", link, check=False)
         self.root_links.clear()
@@ -322,6 +466,11 @@ class LabNetwork:
             if res.returncode != 0 and "No such file" not in res.stderr:
                 LOG.warning("could not remove namespace %s: %s", ns, res.stderr.strip())
         self.namespaces.clear()
+        self.engine_ns.clear()
+        self.seal_keys.clear()  # the keys lived as long as the network
+        if self._tmp_seal_dir is not None:
+            shutil.rmtree(self._tmp_seal_dir, ignore_errors=True)
+            self._tmp_seal_dir = None
 
 
 def _sysctl_root(key: str, value: str) -> None:

@@ -31,7 +31,7 @@ from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
-from .evaluate import LabDpu, configure, dpu_counters, evaluate, host_macs, set_cap
+from .evaluate import LabDpu, append_sealing, configure, dpu_counters, evaluate, host_macs, set_cap
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
@@ -112,12 +112,14 @@ class LabRun:
     def _run(self) -> Report:
         sc = self.scenario
         self._say(f"scenario [bold]{sc.name}[/] on the {self.target} target, {self.traffic} traffic")
-        self.net = LabNetwork(sc.topology)
-        self.net.build()
-        self._say(f"network built: {len(self.net.namespaces)} namespaces (prefix {self.net.prefix})")
         logs = self.out_dir / "raw"
+        # The node DPUs' crypto engines write their logs and stats (raw/seal-HOST.json) beside the rest.
+        self.net = LabNetwork(sc.topology, seal_dir=logs)
+        self.net.build()
+        engines = f", {len(self.net.engines)} crypto engines" if self.net.engines else ""
+        self._say(f"network built: {len(self.net.namespaces)} namespaces (prefix {self.net.prefix}){engines}")
         for i, lim in enumerate(self.net.limiters):
-            self.targets.append(start_target(lim.name, self.target, i + 1, {0: lim.host_if, 1: lim.uplink_if}, logs))
+            self.targets.append(start_target(lim.name, self.target, i + 1, lim.interfaces(), logs))
         self._say(f"{len(self.targets)} {self.target} targets up")
         self.api = self._start_control_plane()
         asyncio.run(self._configure(self.api))
@@ -153,6 +155,7 @@ class LabRun:
         if self.live is not None:
             self.live.stop()
         boundary = crossed.finish()
+        sealing = self.net.stop_engines() if self.net is not None else {}  # they write their stats on SIGTERM
         if boundary.kernel_drops:
             self._say(
                 f"[yellow]the boundary capture lost {boundary.kernel_drops} frames: its counts are low, and the "
@@ -173,6 +176,7 @@ class LabRun:
             report.audit = self.live.auditor.summary(sc.audit.interval_s, compromises, broken)
         report.calibration = self.calibration.as_dict() if self.calibration else None
         write_report(self.out_dir, report, series)
+        append_sealing(self.out_dir, sealing)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         if not report.cap_held and report.results and all(r.verdict != "no" for r in report.results):
             verdict = "[red]not shown to hold[/] (the boundary capture lost frames)"
@@ -375,7 +379,7 @@ class LabRun:
         lim = next(lm for lm in self.net.limiters if lm.name == ev.dpu) if self.net else None
         assert lim is not None
         self.targets[i] = start_target(
-            tp.name, tp.kind, tp.device_id, {0: lim.host_if, 1: lim.uplink_if}, self.out_dir / "raw", port=port
+            tp.name, tp.kind, tp.device_id, lim.interfaces(), self.out_dir / "raw", port=port
         )
         self.events.append({"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s})
 

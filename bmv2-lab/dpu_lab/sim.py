@@ -23,6 +23,14 @@ as the router sees them, those it receives on arrival and those it sends as it s
 limiter's as it sends them into the pod; a scale-up link's at its first host's end. The router-link
 counts are also the verifier's router counts in the audit (audit.py).
 
+Node DPUs seal what they exempt (docs/exemption.md), as in real time (netns.py): a node limiter's port 2
+is its crypto engine. What the limiter sends there is sealed (sealing.Sealer, its host's SCI, its pod's
+key) and goes onto the host's link into the pod's switch; what the switch sends toward the host first
+meets the engine's opener (sealing.Opener, the pod's key): a frame that opens enters the limiter on port 2,
+opened, anything else on port 1 (metered) as it came. Each pod with node placement gets a random key per
+SimNetwork (per run). A sealed frame is sealing.OVERHEAD bytes longer; links have no MTU here. Receivers
+cannot read a sealed frame: they count it as "non-ipv4", attributed to no sender, as the real captures do.
+
 Not modelled yet: ARP (hosts know the next hop), link loss, and queue limits: links are unbounded
 FIFOs, so the limiters' meters are the only place frames are dropped.
 """
@@ -30,18 +38,21 @@ FIFOs, so the limiters' meters are the only place frames are dropped.
 from __future__ import annotations
 
 import heapq
+import secrets
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from p4sim.clock import VirtualClock
 
 from .boundary import key as boundary_key
-from .capture import Capture, to_capture
+from .capture import NON_IPV4, Capture, to_capture
 from .config import Topology
 from .frames import SPORT, Encap, mac_host
 from .frames import frame as make_frame
+from .netns import SEAL_KEY_BYTES, SEAL_PORT
+from .sealing import ETHERTYPE_MACSEC, Opener, Sealer, sci_of
 from .traffic import Timeline, wire_bytes_udp
 
 heappush = heapq.heappush
@@ -128,6 +139,7 @@ class CountedLink(Link):
 
 
 Processor = Callable[[int, bytes], list[tuple[int, bytes]]]
+_MACSEC_HI, _MACSEC_LO = ETHERTYPE_MACSEC >> 8, ETHERTYPE_MACSEC & 0xFF
 
 
 def flow_mac(net: SimNetwork, host: str, peer: str, port: int) -> bytes:
@@ -166,8 +178,12 @@ class Receiver:
 
     def receive(self, t_s: float, frame: bytes) -> None:
         """Count one arriving frame."""
-        # The source MAC is frame[6:12]: mac_host and mac_port of it, read in place.
-        src = self.address_of.get((frame[7], frame[8]), "unknown")
+        # The source MAC is frame[6:12]: mac_host and mac_port of it, read in place. A sealed frame (MACsec)
+        # hides what it holds: like the real captures, the receiver attributes it to no one.
+        if len(frame) > 13 and frame[12] == _MACSEC_HI and frame[13] == _MACSEC_LO:
+            src = NON_IPV4
+        else:
+            src = self.address_of.get((frame[7], frame[8]), "unknown")
         tl = self.bins.get(src)
         if tl is None:
             tl = self.bins[src] = Timeline(0.001)
@@ -194,7 +210,8 @@ class SimNetwork:
     each other through the router alone. Each pod hangs on the router `router_of` names, which
     `reroute` changes mid-run (a frame on its way to a router its pod has left is lost).
     `limiters` maps a limiter's name (PodSpec.limiters) to its packet path (port 0 faces the host
-    side, port 1 the uplink side). Over parallel uplinks the pod's switch and the router spread
+    side, port 1 the uplink side; a node limiter's port 2 is its crypto engine, see the module's doc).
+    Over parallel uplinks the pod's switch and the router spread
     frames by a hash of the sending flow (source MAC: host and port), as ECMP does, unless the flow
     is pinned to one (`pinned`: an attacker choosing its ports for a compromised uplink). A pod switch
     with a relay (Topology.switch_relays) sends frames from its hosts to the relayed host's MAC out of
@@ -217,6 +234,10 @@ class SimNetwork:
     uplink_counts: dict[tuple[str, str], Timeline] = field(default_factory=dict)
     pinned: dict[bytes, int] = field(default_factory=dict)  # a flow's source MAC -> its uplink (0-based)
     router_of: dict[str, str] = field(default_factory=dict)  # pod -> its router (default: the first draw)
+    # Node placement: each pod's key (random per network unless given) and each node DPU's crypto engine.
+    seal_keys: dict[str, bytes] = field(default_factory=dict, repr=False)
+    sealers: dict[str, Sealer] = field(default_factory=dict)  # node host -> its DPU's sealing half
+    openers: dict[str, Opener] = field(default_factory=dict)  # node host -> its DPU's opening half
 
     def pod_of_host(self, host: str) -> str:
         """The pod a host belongs to."""
@@ -269,9 +290,21 @@ class SimNetwork:
                 to_host = Link(e, hb, self._host_in(h))
                 if pod.placement == "node":
                     name = f"dpu-{h}"
+                    # The host's link into the switch carries what the limiter sends on its uplink port as it
+                    # is, and what it sends on its seal port sealed by its engine.
+                    key = self.seal_keys.setdefault(pod.name, secrets.token_bytes(SEAL_KEY_BYTES))
+                    sci = sci_of(self.mac_of[h])
+                    sealer = self.sealers[h] = Sealer(key, sci)
+                    opener = self.openers[h] = Opener(key, own_sci=sci)
                     to_switch = Link(e, hb, self._switch_in(pod.name, from_hosts=True))
-                    self._from_host[h] = Link(e, hb, self._limiter_in(name, 0, {0: to_host, 1: to_switch}))
-                    self._switch_to_host[h] = Link(e, hb, self._limiter_in(name, 1, {0: to_host, 1: to_switch}))
+                    ports: dict[int, Callable[[bytes], None]] = {
+                        0: to_host.send,
+                        1: to_switch.send,
+                        SEAL_PORT: _sealing(sealer, to_switch),
+                    }
+                    limiter = self._limiter(name, ports)
+                    self._from_host[h] = Link(e, hb, _into(limiter, 0))
+                    self._switch_to_host[h] = Link(e, hb, _opening(opener, limiter))
                 else:
                     self._from_host[h] = Link(e, hb, self._switch_in(pod.name, from_hosts=True))
                     self._switch_to_host[h] = to_host
@@ -378,6 +411,31 @@ class SimNetwork:
 
         return relaying
 
+    def _limiter(self, name: str, outs: dict[int, Callable[[bytes], None]]) -> Callable[[int, bytes], None]:
+        """A limiter's packet path, frames in on any port, each output sent by its port's sender in `outs`."""
+        process = self.limiters[name]
+
+        def limiter(port: int, frame: bytes) -> None:
+            for out_port, out in process(port, frame):
+                send = outs.get(out_port)
+                if send is not None:
+                    send(out)
+
+        return limiter
+
+    def seal_stats(self) -> dict[str, dict[str, Any]]:
+        """What each node DPU's crypto engine did, by host, in the shape of the real engine's --stats."""
+        return {
+            host: {
+                "opener": asdict(self.openers[host].counts),
+                "sealed_frames": sealer.sealed_frames,
+                "sealed_bytes": sealer.sealed_bytes,
+                "sent_bytes": dict(sealer.sent_bytes),
+                "received_bytes": dict(self.openers[host].received_bytes),
+            }
+            for host, sealer in self.sealers.items()
+        }
+
     def _limiter_in(self, name: str, port: int, outs: dict[int, Link]) -> Callable[[bytes], None]:
         process = self.limiters[name]
 
@@ -448,6 +506,40 @@ class SimNetwork:
             for (pod, direction), tl in counts.items()
         }
         return to_capture("boundary", 0.0, timelines, 0, "virtual")
+
+
+def _sealing(sealer: Sealer, link: Link) -> Callable[[bytes], None]:
+    """A node limiter's seal port: each frame sealed by its engine, then sent on the host's link."""
+    seal, send = sealer.seal, link.send
+
+    def sealed(frame: bytes) -> None:
+        send(seal(frame))
+
+    return sealed
+
+
+def _into(limiter: Callable[[int, bytes], None], port: int) -> Callable[[bytes], None]:
+    """Frames into one port of a limiter."""
+
+    def arrive(frame: bytes) -> None:
+        limiter(port, frame)
+
+    return arrive
+
+
+def _opening(opener: Opener, limiter: Callable[[int, bytes], None]) -> Callable[[bytes], None]:
+    """A frame from the pod's switch toward a node: into its limiter's seal port opened if it opens under
+    the pod's key, else into its uplink port as it came."""
+    open_ = opener.open
+
+    def arrive(frame: bytes) -> None:
+        opened = open_(frame)
+        if opened is None:
+            limiter(1, frame)
+        else:
+            limiter(SEAL_PORT, opened)
+
+    return arrive
 
 
 @dataclass

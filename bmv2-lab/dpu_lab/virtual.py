@@ -5,6 +5,7 @@ embedded targets that run on simulated time (see sim.py for what is and is not m
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from p4sim.server import Device, add_to_server
 from .audit import PROBE_PORT, AgentView, Auditor, Probe
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
-from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, set_cap
+from .evaluate import LabDpu, PlotSeries, append_sealing, configure, dpu_counters, evaluate, host_macs, set_cap
 from .frames import Encap, shape
 from .report import Flow, Phase, Protocol, Report, write_report
 from .routing import cell_name, reroute
@@ -114,6 +115,7 @@ class VirtualLabRun:
     stats: dict[str, float] = field(default_factory=dict)
     _workloads: list[tuple[str, WorkloadSpec, list[_Sending]]] = field(default_factory=list)
     series: PlotSeries = field(default_factory=dict)  # receiver-side throughput, as plotted (after run())
+    seal_stats: dict[str, dict[str, object]] = field(default_factory=dict)  # node DPUs' engines (after run())
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -168,6 +170,9 @@ class VirtualLabRun:
             for server, _ in self._servers.values():
                 await server.stop(grace=0)
         write_report(self.out_dir, report, series)
+        for host, stats in self.seal_stats.items():  # as the real engines write theirs (netns.py)
+            (self.out_dir / "raw" / f"seal-{host}.json").write_text(json.dumps(stats, indent=2) + "\n")
+        append_sealing(self.out_dir, self.seal_stats)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")
         return report
@@ -314,6 +319,7 @@ class VirtualLabRun:
             for ev in todo.get("events", []):
                 assert isinstance(ev, EventSpec)
                 events.append(await self._event(ev, t_ns / NS, devices, plane))
+        self.seal_stats = dict(net.seal_stats())
         self.stats = {
             "virtual_s": end_ns / NS,
             "cpu_s": time.process_time() - cpu0,

@@ -203,6 +203,13 @@ def test_the_relay_bypasses_pod_as_cap_in_virtual_time(tmp_path: Path) -> None:
     assert a_out.boundary_bytes is not None and a_out.boundary_bytes >= 0.99 * 32e6 * 4 / 8
     assert a_out.max_window_bytes > 3 * a_out.allowed_window_bytes
     assert dpus[("b", "ingress")]["metered_bytes"] == dpus[("b", "ingress")]["other_bytes"] == b_in.boundary_bytes
+    # Per-pair conservation of sealed bytes shows the diversion though only ciphertext left: none reached a2.
+    assert r.sealing is not None
+    [pair] = [p for p in r.sealing["pairs"] if (p["from"], p["to"]) == ("a1", "a2")]
+    assert (
+        pair["opened_bytes"] == 0
+        and pair["missing_bytes"] == pair["sealed_bytes"] == dpus[("a", "egress")]["exempt_bytes"]
+    )
 
 
 def test_without_the_relay_the_same_traffic_stays_in_the_pod(tmp_path: Path) -> None:
@@ -212,6 +219,7 @@ def test_without_the_relay_the_same_traffic_stays_in_the_pod(tmp_path: Path) -> 
     assert all(x.boundary_bytes == 0 for x in r.results)
     assert r.flows[0].loss_ratio == 0.0  # exempt, and delivered to a2
     assert run.seal_stats["a1"]["sealed_frames"] == run.seal_stats["a2"]["opener"]["opened"] > 0  # sealed, opened
+    assert r.sealing is not None and r.sealing["missing_bytes"] == 0 and r.sealing["pairs"]
 
 
 def test_an_uplink_limiter_holds_the_relayed_frames_to_b_as_ingress_cap(tmp_path: Path) -> None:

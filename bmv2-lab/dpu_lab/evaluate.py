@@ -7,7 +7,6 @@ Shared by the real-time lab (namespaces, processes) and the virtual-time lab (si
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -78,37 +77,24 @@ async def configure(client: LimiterClient, sc: Scenario, dpus: list[LabDpu]) -> 
     await client.wait_converged(timeout=60)
 
 
-def sealing_markdown(stats: dict[str, dict[str, Any]]) -> str:
-    """summary.md's table of the node DPUs' crypto engines (sealing.py's stats, by host); "" for none."""
+def sealing_summary(sc: Scenario, stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """report.json's `sealing`: each node DPU's crypto engine's stats (by host), and per pair of pod mates
+    the sealed bytes one sent the other against those the other opened from it (docs/exemption.md, item 2:
+    a pod switch that diverts or drops sealed frames shows up as `missing_bytes`, though it carried only
+    ciphertext). None without node placement."""
     if not stats:
-        return ""
-    lines = [
-        "## The node DPUs' crypto engines",
-        "",
-        "Frames each engine sealed for the wire, and of those it received from the wire: opened under its pod's "
-        "key (exempt at its DPU), not sealed, rejected (not authentic under the key), replayed; and frames it "
-        "dropped.",
-        "",
-        "| host | sealed | sealed bytes (clear) | opened | opened bytes (sealed) | not sealed | rejected | replayed "
-        "| dropped |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for host, st in sorted(stats.items()):
-        o = st.get("opener", {})
-        lines.append(
-            f"| {host} | {st.get('sealed_frames', 0)} | {st.get('sealed_bytes', 0)} | {o.get('opened', 0)} | "
-            f"{o.get('opened_bytes', 0)} | {o.get('not_sealed', 0)} | {o.get('rejected', 0)} | "
-            f"{o.get('replayed', 0)} | {st.get('dropped', 0)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def append_sealing(out_dir: Path, stats: dict[str, dict[str, Any]]) -> None:
-    """Add the crypto engines' table to the run's summary.md (written by report.write_report)."""
-    table = sealing_markdown(stats)
-    if table:
-        with (out_dir / "summary.md").open("a") as f:
-            f.write("\n" + table)
+        return None
+    host_of = {mac: host for host, mac in host_macs(sc).items()}
+    pairs = []
+    for sender, st in sorted(stats.items()):
+        mac = host_macs(sc)[sender]
+        for dst, sent in sorted(st.get("sent_bytes", {}).items()):
+            receiver = host_of.get(dst, dst)
+            got = int(stats.get(receiver, {}).get("received_bytes", {}).get(mac, 0))
+            pod = sc.topology.pod_of_host(sender).name
+            row = {"pod": pod, "from": sender, "to": receiver, "sealed_bytes": int(sent), "opened_bytes": got}
+            pairs.append(row | {"missing_bytes": max(0, int(sent) - got)})
+    return {"engines": stats, "pairs": pairs, "missing_bytes": sum(p["missing_bytes"] for p in pairs)}
 
 
 async def dpu_counters(addr: str) -> list[dict[str, object]]:

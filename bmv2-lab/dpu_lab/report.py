@@ -150,6 +150,9 @@ class Report:
     # Where the compliance figures were counted: the kinds of boundary link, and frames the capture lost
     # (kernel_drops > 0: the boundary counts are low; each result's lost_bytes bounds by how much).
     boundary: dict[str, Any] | None = None
+    # Node placement: the crypto engines' stats and sealed bytes per pair of pod mates
+    # (evaluate.sealing_summary); missing_bytes > 0: a pod switch diverted or dropped sealed frames.
+    sealing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -182,6 +185,7 @@ class Report:
             calibration=data.get("calibration"),
             routing=data.get("routing"),
             boundary=data.get("boundary"),
+            sealing=data.get("sealing"),
         )
 
 
@@ -200,7 +204,46 @@ def write_report(out_dir: Path, report: Report, series: PlotSeries) -> None:
     plot_throughput(report, series).savefig(out_dir / "throughput.png", dpi=100)
     if report.audit is not None:
         plot_detection(report, series).savefig(out_dir / "detection.png", dpi=100)
-    (out_dir / "summary.md").write_text(summary_markdown(report))
+    sealing = sealing_markdown(report.sealing)
+    (out_dir / "summary.md").write_text(summary_markdown(report) + ("\n" + sealing if sealing else ""))
+
+
+def sealing_markdown(summary: dict[str, Any] | None) -> str:
+    """summary.md's tables of the node DPUs' crypto engines and of sealed bytes per pair; "" for none."""
+    if not summary:
+        return ""
+    stats: dict[str, dict[str, Any]] = summary["engines"]
+    lines = [
+        "## The node DPUs' crypto engines",
+        "",
+        "Frames each engine sealed for the wire, and of those it received from the wire: opened under its pod's "
+        "key (exempt at its DPU), not sealed, rejected (not authentic under the key), replayed; and frames it "
+        "dropped.",
+        "",
+        "| host | sealed | sealed bytes (clear) | opened | opened bytes (sealed) | not sealed | rejected | replayed "
+        "| dropped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for host, st in sorted(stats.items()):
+        o = st.get("opener", {})
+        lines.append(
+            f"| {host} | {st.get('sealed_frames', 0)} | {st.get('sealed_bytes', 0)} | {o.get('opened', 0)} | "
+            f"{o.get('opened_bytes', 0)} | {o.get('not_sealed', 0)} | {o.get('rejected', 0)} | "
+            f"{o.get('replayed', 0)} | {st.get('dropped', 0)} |"
+        )
+    lines += [
+        "",
+        "Sealed bytes (clear lengths) each node sent a pod mate, against those the pod mate opened from it: "
+        "bytes missing never reached it (a pod switch diverted or dropped them).",
+        "",
+        "| pod | from | to | sealed bytes | opened bytes | missing bytes |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for p in summary["pairs"]:
+        missing = f"**{p['missing_bytes']}**" if p["missing_bytes"] else "0"
+        row = (p["pod"], p["from"], p["to"], p["sealed_bytes"], p["opened_bytes"], missing)
+        lines.append("| " + " | ".join(str(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_throughput(report: Report, series: PlotSeries) -> Figure:

@@ -31,7 +31,15 @@ from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario
-from .evaluate import LabDpu, append_sealing, configure, dpu_counters, evaluate, host_macs, set_cap
+from .evaluate import (
+    LabDpu,
+    configure,
+    dpu_counters,
+    evaluate,
+    host_macs,
+    sealing_summary,
+    set_cap,
+)
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
@@ -175,8 +183,8 @@ class LabRun:
             compromises = [e for e in self.events if e["action"] == "compromise"]
             report.audit = self.live.auditor.summary(sc.audit.interval_s, compromises, broken)
         report.calibration = self.calibration.as_dict() if self.calibration else None
+        report.sealing = sealing_summary(sc, sealing)
         write_report(self.out_dir, report, series)
-        append_sealing(self.out_dir, sealing)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         if not report.cap_held and report.results and all(r.verdict != "no" for r in report.results):
             verdict = "[red]not shown to hold[/] (the boundary capture lost frames)"

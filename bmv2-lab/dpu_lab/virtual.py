@@ -25,7 +25,7 @@ from p4sim.server import Device, add_to_server
 from .audit import PROBE_PORT, AgentView, Auditor, Probe
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
-from .evaluate import LabDpu, PlotSeries, append_sealing, configure, dpu_counters, evaluate, host_macs, set_cap
+from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, sealing_summary, set_cap
 from .frames import Encap, shape
 from .report import Flow, Phase, Protocol, Report, write_report
 from .routing import cell_name, reroute
@@ -169,10 +169,10 @@ class VirtualLabRun:
             await plane.stop()
             for server, _ in self._servers.values():
                 await server.stop(grace=0)
+        report.sealing = sealing_summary(sc, self.seal_stats)
         write_report(self.out_dir, report, series)
         for host, stats in self.seal_stats.items():  # as the real engines write theirs (netns.py)
             (self.out_dir / "raw" / f"seal-{host}.json").write_text(json.dumps(stats, indent=2) + "\n")
-        append_sealing(self.out_dir, self.seal_stats)
         verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
         self._say(f"cap {verdict}; report in {self.out_dir}")
         return report

@@ -5,9 +5,10 @@ namespace: it opens each tap's socket inside the tap's namespace).
 
 The boundary links (netns.py) are each pod's link to the router, watched at the router's end
 (``router_ports[pod]``: frames the router receives on it are the pod's egress, frames it sends on it the
-pod's ingress as the router delivers it), and each scale-up link between hosts of two pods, watched at
-both ends for the frames each end receives (frames arriving at b's end are a's egress and b's ingress,
-and the other way round: a sender can skip its own end's taps of outgoing frames). A pod-uplink limiter
+pod's ingress as the router delivers it), and each scale-up link between hosts of two pods, watched in
+the lab's own namespace in the middle of the link, as frames arrive there from either host (frames from
+a are a's egress and b's ingress, and the other way round: no host holds those interfaces, so none can
+send past them or take frames off them before they are counted). A pod-uplink limiter
 sits on the pod's router link, and it meters the pod's ingress after the router has sent it: so the
 frames each such limiter sends into its pod (its host-side port, in the root namespace) are counted too,
 as what really entered the pod ("uplink"). An AF_PACKET socket per link and direction (a direction
@@ -114,12 +115,13 @@ def taps_of(net: LabNetwork) -> list[Tap]:
         pod_a, pod_b = topo.pod_of_host(link.a).name, topo.pod_of_host(link.b).name
         if pod_a == pod_b:
             continue  # a scale-up link inside one pod crosses no boundary
-        # netns.LabNetwork._scaleup names both ends nvsK. Each direction is counted where it arrives: a host
-        # can send past its own end's taps of outgoing frames (PACKET_QDISC_BYPASS: a red team crossed
-        # 15,000,000 B uncounted that way), not past the receiving end's taps of incoming ones.
-        for here, pod_here, pod_there in ((link.a, pod_a, pod_b), (link.b, pod_b, pod_a)):
-            received: tuple[tuple[str, Direction], ...] = ((pod_there, "egress"), (pod_here, "ingress"))
-            taps.append(Tap(net.host_ns[here], f"nvs{k}", "scale-up", received=received, sent=()))
+        # Counted in the lab's own namespace between the two hosts (netns.LabNetwork._scaleup), as each frame
+        # arrives from its sender's end: no host holds these interfaces. At the hosts' ends a sender could
+        # skip the taps of outgoing frames (PACKET_QDISC_BYPASS: a red team crossed 15,000,000 B uncounted
+        # that way) and a receiver those of incoming ones (XDP).
+        for end, pod_from, pod_to in (("a", pod_a, pod_b), ("b", pod_b, pod_a)):
+            received: tuple[tuple[str, Direction], ...] = ((pod_from, "egress"), (pod_to, "ingress"))
+            taps.append(Tap(net.scaleup_wires[k], f"end{end}", "scale-up", received=received, sent=()))
     return taps
 
 

@@ -194,6 +194,8 @@ class LabNetwork:
     # Each pod's bridge ports: its hosts' ({host: port}) and its uplink's, for the bridges' static MACs.
     bridge_ports: dict[str, tuple[dict[str, str], str]] = field(default_factory=dict)
     pod_ns: dict[str, str] = field(default_factory=dict)  # pod -> its namespace (its switch's)
+    # Scale-up link k -> the lab's namespace between its two hosts (ends "enda", "endb"), where it is counted.
+    scaleup_wires: dict[int, str] = field(default_factory=dict)
     # Where the crypto engines write their logs and stats (seal-HOST.log, seal-HOST.json); None: a
     # temporary folder, removed at teardown.
     seal_dir: Path | None = None
@@ -333,13 +335,30 @@ class LabNetwork:
                 )
 
     def _scaleup(self, k: int, a: str, b: str) -> None:
-        """An NVSwitch-style path: a veth `nvsK` straight between two hosts, with /32 routes over it."""
+        """An NVSwitch-style path between two hosts, `nvsK` at both, with /32 routes over it, through a
+        namespace of the lab's own (`scaleup_wires[k]`, ends `enda` and `endb`) where tc moves every frame from one
+        end to the other as it is: the boundary capture counts there, on interfaces no host holds (a host
+        can send past its own taps with PACKET_QDISC_BYPASS, and take frames off its interface before the
+        kernel's taps with XDP)."""
         ns_a, ns_b = self.host_ns[a], self.host_ns[b]
         iface = f"nvs{k}"
-        self._pair(f"{self.prefix}s{k}", (ns_b, None), rename=iface, root_end_to=(ns_a, iface))
-        ip("link", "set", iface, "up", ns=ns_a)
-        _offloads_off(ns_a, [iface])
-        _offloads_off(ns_b, [iface])
+        wire = self.scaleup_wires[k] = self._netns(f"w{k}")
+        for end, ns in (("a", ns_a), ("b", ns_b)):
+            self._pair(f"{self.prefix}s{k}{end}", (wire, None), rename=f"end{end}", root_end_to=(ns, iface))
+            ip("link", "set", iface, "up", ns=ns)
+            _offloads_off(ns, [iface])
+        _offloads_off(wire, ["enda", "endb"])
+        # u32 matching nothing in particular: every frame, whatever its EtherType (a bridge would keep some).
+        batch(
+            wire,
+            "tc",
+            [f"qdisc add dev {end} clsact" for end in ("enda", "endb")]
+            + [
+                f"filter add dev {end} ingress protocol all prio 1 u32 match u32 0 0 action mirred egress "
+                f"redirect dev {other}"
+                for end, other in (("enda", "endb"), ("endb", "enda"))
+            ],
+        )
         ip("route", "add", f"{self.topology.address_of(b)}/32", "dev", iface, ns=ns_a)
         ip("route", "add", f"{self.topology.address_of(a)}/32", "dev", iface, ns=ns_b)
 

@@ -25,6 +25,7 @@ from pyroute2 import IPRoute
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
 _BPF_PROG_LOAD = 5
 _BPF_PROG_TYPE_SCHED_CLS = 3
+BPF_PROG_TYPE_XDP = 6
 # Helpers (include/uapi/linux/bpf.h) and what a direct-action program returns.
 _SKB_STORE_BYTES, _SKB_LOAD_BYTES, _REDIRECT = 9, 26, 23
 _TC_ACT_OK = 0
@@ -87,8 +88,9 @@ def program(match: bytes, new: bytes, out_ifindex: int) -> bytes:
     return b"".join(i for i in body if i is not None) + b"".join(tail)
 
 
-def load(insns: bytes) -> int:
-    """Load a sched_cls eBPF program; returns its file descriptor (the verifier's log in the error)."""
+def load(insns: bytes, prog_type: int = _BPF_PROG_TYPE_SCHED_CLS, name: bytes = b"pod_switch_rly") -> int:
+    """Load an eBPF program (sched_cls unless `prog_type` says otherwise); returns its file descriptor (the
+    verifier's log in the error)."""
     nr = _SYS_BPF.get(os.uname().machine)
     if nr is None:
         raise OSError(f"no bpf(2) system call number known for {os.uname().machine}")
@@ -97,7 +99,7 @@ def load(insns: bytes) -> int:
     log = ctypes.create_string_buffer(65536)
     attr = struct.pack(
         "<IIQQIIQII16s",
-        _BPF_PROG_TYPE_SCHED_CLS,
+        prog_type,
         len(insns) // 8,
         ctypes.addressof(code),
         ctypes.addressof(license_),
@@ -106,14 +108,14 @@ def load(insns: bytes) -> int:
         ctypes.addressof(log),
         0,
         0,
-        b"pod_switch_rly",
+        name,
     )
     buf = ctypes.create_string_buffer(attr.ljust(128, b"\0"), 128)
     libc = ctypes.CDLL(None, use_errno=True)
     fd = int(libc.syscall(nr, _BPF_PROG_LOAD, buf, len(buf)))
     if fd < 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"loading the relay's eBPF program: {os.strerror(err)}: {log.value.decode()[-2000:]}")
+        raise OSError(err, f"loading eBPF program {name!r}: {os.strerror(err)}: {log.value.decode()[-2000:]}")
     return fd
 
 

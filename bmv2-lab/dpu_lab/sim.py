@@ -280,7 +280,7 @@ class SimNetwork:
                 self._scaleup[(su.a, su.b)] = Link(e, su.rate, self._host_in(su.b))
                 self._scaleup[(su.b, su.a)] = Link(e, su.rate, self._host_in(su.a))
                 continue
-            # Watched at a's end, as in real time: what a sends as it leaves, what a receives as it arrives.
+            # Every frame either host puts on the link, as the real lab counts them in the link's middle.
             sent = (self._tl(self.scaleup_counts, pod_a, "egress"), self._tl(self.scaleup_counts, pod_b, "ingress"))
             got = (self._tl(self.scaleup_counts, pod_b, "egress"), self._tl(self.scaleup_counts, pod_a, "ingress"))
             self._scaleup[(su.a, su.b)] = CountedLink(e, su.rate, self._host_in(su.b), counts=sent)

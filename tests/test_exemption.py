@@ -230,3 +230,30 @@ async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
     finally:
         await server.stop(grace=0)
         await server2.stop(grace=0)
+
+
+async def test_a_node_that_leaves_its_pod_is_floored_without_its_exemption(tmp_path: Path) -> None:
+    """Deleted (or moved: its old agent floors it first), a node DPU keeps neither its pod's prefixes nor
+    its peers: what it sent its old pod mates is metered (at the floor: dropped), not sealed and exempt."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    from conftest import serve_in_process
+
+    device, server, addr = await serve_in_process()
+    _, server2, addr2 = await serve_in_process()
+    try:
+        async with plane_with_pod(tmp_path) as (_, client):
+            for name, mac, port in (("n1", MACS[0], addr), ("n2", MACS[1], addr2)):
+                await client.register_dpu(
+                    Dpu(name, port, 1, "a", Role.NODE, host_port=0, uplink_port=1, node_mac=mac, seal_port=2)
+                )
+            await client.wait_converged(timeout=30)
+            out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
+            assert device.process(0, out) == [(2, out)]  # intra-pod, sealed: no cap needed
+            await client.delete(dpus=["n1"])
+            assert device.process(0, out) == []  # no longer exempt, and the floor passes nothing
+    finally:
+        await server.stop(grace=0)
+        await server2.stop(grace=0)

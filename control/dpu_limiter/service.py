@@ -168,6 +168,10 @@ class LimiterService:
             st = self.state
             cap = self.shares.get(dpu.name)
             lease = dp.Lease(self.lease_gen, self._lease_issued[self.lease_gen] + self.lease_s)
+            if (now := st.dpus.get(dpu.name)) is not dpu and now != dpu:
+                # Leaving (deleted, or changed: a new agent takes over): floored with no exemption either,
+                # so that a node that left its pod does not keep its old pod's prefixes and peers.
+                return st.generation, dp.intent_for(dpu, None, None, lease)
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease, self._peers(dpu.pod))
 
         agent = DpuAgent(

@@ -2,7 +2,7 @@
 
 An evading sender wraps the same datagram so that a classifier might not see it as inter-pod IPv4:
 in a VLAN tag, in IPv6, in a GRE or VXLAN tunnel, as an IPv4 fragment, or with a spoofed IPv4
-source. limiter.p4 must meter every one of them (DESIGN.md: only traffic positively identified as
+source. limiter.p4 must meter every one of them (docs/exemption.md: only traffic positively identified as
 intra-pod is exempt).
 
 The simulator routes and attributes frames by their Ethernet addresses, never by what an evader

@@ -3,7 +3,7 @@
 A series holds the bytes that arrived in consecutive bins of ``bin_s`` seconds, bin ``i``
 covering ``[t0 + i*bin_s, t0 + (i+1)*bin_s)``.
 
-Compliance (DESIGN.md, "Cap semantics") needs the most bytes in any window of length W,
+Compliance (docs/design.md, cap semantics) needs the most bytes in any window of length W,
 with window start times sliding in steps of at most W/60. ``max_window_bytes`` slides by one
 bin, so with the capture's 1 ms bins the start times are no coarser than window/100 for every
 window >= 0.1 s (and W/60 for windows >= 60 ms). Because a window covers whole bins, a

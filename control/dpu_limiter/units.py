@@ -21,7 +21,7 @@ from dataclasses import dataclass
 MAX_PI_BURST = (1 << 31) - 1
 MIN_DEFAULT_BURST = 16 * 1024
 # The largest frame the lab counts (Ethernet header, 1500-byte payload, one VLAN tag; no FCS): the
-# one packet by which a receiver-side window may exceed its allowance (DESIGN.md, compliance).
+# one packet by which a receiver-side window may exceed its allowance (docs/design.md, cap semantics).
 MAX_FRAME_BYTES = 1518
 DEFAULT_BURST_SECONDS = 0.1
 # Neighbour discovery's allowance per DPU and direction: well-formed ARP frames of at most 60 bytes
@@ -106,7 +106,7 @@ def cap_meter(rate_bps: float, burst_bytes: int, field: str = "rate_bps") -> Met
 def allowed_window_bytes(rate_bps: float, window_s: float, burst_bytes: int) -> int:
     """Most bytes a receiver may see in any window: rate x window, the bucket depth, and one frame.
 
-    The frame is DESIGN.md's allowance for where a window's edge cuts the packets it counts.
+    The frame is docs/design.md's allowance for where a window's edge cuts the packets it counts.
     """
     return math.floor(rate_bps / 8 * window_s) + burst_bytes + MAX_FRAME_BYTES
 

@@ -91,3 +91,39 @@ def test_routing_and_router_placement_axes_make_valid_points(tmp_path: Path) -> 
     sc = scenario_at(base, spec, grid(spec)[0])
     assert sc.audit is not None and "conservation" not in sc.audit.checks
     assert sc.phases[0].events[0].dpu == "dpu-r1"
+
+
+def test_a_sweep_on_a_dask_cluster_writes_the_same_csv_as_a_local_one(tmp_path: Path) -> None:
+    """`lab sweep --scheduler` hands the points to a Dask cluster (here a local one of two worker processes,
+    started by the test and closed with it); virtual time makes every point's figures the same wherever
+    it ran."""
+    distributed = pytest.importorskip("distributed", reason="needs Dask's distributed (the cluster extra)")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cluster",
+                "scenario": str(ROOT / "bmv2-lab" / "scenarios" / "compromised-dpu.yaml"),
+                "axes": {"cap": ["10M", "20M"], "attack": ["none"]},
+            }
+        )
+    )
+    local = tmp_path / "local"
+    res = cli("lab", "sweep", str(sweep), "--out", str(local), "--jobs", "2", timeout=500)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        on_cluster = tmp_path / "cluster"
+        res = cli("lab", "sweep", str(sweep), "--out", str(on_cluster), "--scheduler", c.scheduler_address, timeout=500)
+        assert res.returncode == 0, res.stderr[-2000:]
+    assert (on_cluster / "sweep.csv").read_text() == (local / "sweep.csv").read_text()
+    assert len((local / "sweep.csv").read_text().splitlines()) == 3  # a header and a row per point
+    assert (on_cluster / "cap-20M_base_none" / "report.json").is_file()
+
+
+def test_a_scheduler_that_does_not_answer_is_named(tmp_path: Path) -> None:
+    pytest.importorskip("distributed", reason="needs Dask's distributed (the cluster extra)")
+    sweep = tmp_path / "s.yaml"
+    scenario = str(ROOT / "bmv2-lab" / "scenarios" / "compromised-dpu.yaml")
+    sweep.write_text(yaml.safe_dump({"name": "x", "scenario": scenario, "axes": {"cap": ["10M"]}}))
+    res = cli("lab", "sweep", str(sweep), "--out", str(tmp_path / "o"), "--scheduler", "tcp://127.0.0.1:9", timeout=120)
+    assert res.returncode == 2 and "--scheduler tcp://127.0.0.1:9" in res.stderr, res.stderr[-2000:]

@@ -65,6 +65,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     sweep.add_argument("sweep", type=Path, help="sweep YAML (e.g. bmv2-lab/sweeps/attacks.yaml)")
     sweep.add_argument("--out", type=Path, required=True, help="output folder")
     sweep.add_argument("--jobs", type=int, default=None, help="parallel runs (default: one per core)")
+    sweep.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run the points on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://host:8786) instead of "
+        "local processes; --out must be on a file system its workers share",
+    )
     run.add_argument(
         "--no-calibrate",
         action="store_true",
@@ -112,7 +119,7 @@ def _lab_sweep(args: argparse.Namespace) -> int:
         print(f"dpu-limiter: --jobs: must be >= 1 (got {args.jobs})", file=sys.stderr)
         return 2
     try:
-        rows = run_sweep(args.sweep, args.out, args.jobs)
+        rows = run_sweep(args.sweep, args.out, args.jobs, args.scheduler)
     except ConfigError as exc:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2

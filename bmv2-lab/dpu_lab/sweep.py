@@ -19,6 +19,12 @@ scenario sets it). `routing: operator` keeps the topology's own assignment; `ran
 verifier deal pods over the routers every `routing_period_s`. Each point runs in its own process;
 sweep.csv gets one row per point and sweep.png compares effective inter-pod bandwidth across the
 grid, marking what the audit caught.
+
+A sweep that outgrows one machine goes to a Dask cluster: with `--scheduler ADDRESS` (a running
+`dask scheduler`, e.g. tcp://10.0.0.5:8786) each point is a task on the cluster's workers instead of
+a local process (the `cluster` extra: `pip install 'dpu-limiter[cluster]'`). The workers write each
+point's folder under `--out`, so `--out` must be on a file system they share with this machine; the
+rows come back to this machine, which writes sweep.csv and sweep.png as a local sweep does.
 """
 
 from __future__ import annotations
@@ -197,15 +203,19 @@ def _run_point(args: tuple[Scenario, Path, int | None]) -> Report:
     return VirtualLabRun(sc, out, segment).run()
 
 
-def run_sweep(path: Path, out: Path, jobs: int | None = None) -> list[dict[str, Any]]:
-    """Run every point of the sweep file at `path` (in `jobs` processes); write sweep.csv and sweep.png."""
+def run_sweep(path: Path, out: Path, jobs: int | None = None, scheduler: str | None = None) -> list[dict[str, Any]]:
+    """Run every point of the sweep file at `path` (in `jobs` local processes, or as tasks of the Dask
+    cluster whose scheduler is at `scheduler`); write sweep.csv and sweep.png."""
     spec, base = load_sweep(path)
     points = grid(spec)
     work = [(scenario_at(base, spec, p), out / p.slug, spec.segment_bytes) for p in points]
     out.mkdir(parents=True, exist_ok=True)
-    # Each point gets a fresh process: its own event loop, gRPC servers and simulated clock.
-    with mp.get_context("spawn").Pool(jobs or os.cpu_count() or 1) as pool:
-        reports = pool.map(_run_point, work)
+    if scheduler is not None:
+        reports = _on_cluster(scheduler, work)
+    else:
+        # Each point gets a fresh process: its own event loop, gRPC servers and simulated clock.
+        with mp.get_context("spawn").Pool(jobs or os.cpu_count() or 1) as pool:
+            reports = pool.map(_run_point, work)
     rows = [row(p, r) for p, r in zip(points, reports, strict=True)]
     with (out / "sweep.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -213,6 +223,22 @@ def run_sweep(path: Path, out: Path, jobs: int | None = None) -> list[dict[str, 
         w.writerows(rows)
     plot_sweep(spec.name, rows).savefig(out / "sweep.png", dpi=100)
     return rows
+
+
+def _on_cluster(scheduler: str, work: list[tuple[Scenario, Path, int | None]]) -> list[Report]:
+    """Run each point as a task of the Dask cluster at `scheduler`; their reports, in the points' order."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError("--scheduler needs Dask's distributed package: pip install 'dpu-limiter[cluster]'") from None
+    try:
+        client = Client(scheduler, timeout=30)
+    except OSError as exc:  # refused, unreachable, or no scheduler answered in time
+        raise ConfigError(f"--scheduler {scheduler}: {exc}") from None
+    with client:
+        # pure=False: a point is a run to make, not a value to share between equal-looking calls.
+        futures = client.map(_run_point, work, pure=False)
+        return list(client.gather(futures))
 
 
 def plot_sweep(name: str, rows: list[dict[str, Any]]) -> Figure:

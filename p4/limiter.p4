@@ -18,10 +18,11 @@
  * Sealing: the pod's switch, which delivers a frame to the peer its MAC
  * names, is the operator's, and could relay exempt frames out of the pod. So a
  * node DPU exempts a frame only through its crypto engine (`sealing`): an
- * intra-pod frame from the host leaves by the seal port, where the engine
- * encrypts and authenticates it under the pod's key before it reaches the
- * wire; an arriving frame is intra-pod only when it enters on the seal port,
- * where the engine puts only frames that authenticated under that key. A frame
+ * intra-pod frame from the host, sent from the node's own MAC, leaves by the
+ * seal port, where the engine encrypts and authenticates it under the pod's key
+ * before it reaches the wire; an arriving frame is intra-pod only when it enters
+ * on the seal port, where the engine puts only frames that authenticated under
+ * that key, and is addressed to the node's own MAC. A frame
  * that arrives on the uplink port is metered whatever MAC and addresses it
  * carries. A node DPU with no seal port exempts nothing.
  *
@@ -174,6 +175,7 @@ struct metadata_t {
     bit<1>  seal_out;   // from the host: intra-pod frames leave by seal_port, to the crypto engine
     bit<9>  seal_port;
     bit<1>  sealed_in;  // arrived from the crypto engine: authenticated under the pod's key
+    bit<48> node_mac;   // this node's own MAC: the source of what it seals, the destination of what it opens
 }
 
 parser LimiterParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -293,17 +295,23 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
         size = 1024;
     }
 
-    action seal_via(bit<9> port) {
+    action seal_via(bit<9> port, bit<48> node_mac) {
         meta.seal_out = 1;
         meta.seal_port = port;
+        meta.node_mac = node_mac;
     }
 
-    action opened() {
+    action opened(bit<48> node_mac) {
         meta.sealed_in = 1;
+        meta.node_mac = node_mac;
     }
 
-    // A node DPU's crypto engine, by ingress port: on the host port, seal_via(the seal port); on the
-    // seal port, opened(). No entry: nothing arriving on that port can be intra-pod.
+    // A node DPU's crypto engine, by ingress port: on the host port, seal_via(the seal port, the node's
+    // MAC); on the seal port, opened(the node's MAC). No entry: nothing arriving on that port can be
+    // intra-pod. The node's own MAC must be the source of a frame it seals (the engine leaves the MACs in
+    // the clear: any other source would be six bytes of the host's choosing carried out readable by a
+    // switch that relays the frame) and the destination of one it opened (a frame for another node,
+    // relayed here, is not this node's intra-pod traffic).
     table sealing {
         key = { standard_metadata.ingress_port: exact; }
         actions = { seal_via; opened; NoAction; }
@@ -357,10 +365,10 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
             }
             if (pod_addresses && to_peer) {
                 sealing.apply();
-                if (meta.inside == 1 && meta.seal_out == 1) {
+                if (meta.inside == 1 && meta.seal_out == 1 && hdr.ethernet.srcAddr == meta.node_mac) {
                     meta.class = CLASS_INTRA;
                     standard_metadata.egress_spec = meta.seal_port;  // sealed before it reaches the wire
-                } else if (meta.inside == 0 && meta.sealed_in == 1) {
+                } else if (meta.inside == 0 && meta.sealed_in == 1 && hdr.ethernet.dstAddr == meta.node_mac) {
                     meta.class = CLASS_INTRA;
                 }
             }

@@ -123,6 +123,7 @@ def lease_entry(sch: object, gen: int, deadline_us: int) -> p4r.Entity:
 
 
 SEAL_PORT = 2  # a node DPU's crypto engine, in program_limiter
+NODE_MAC = "02:00:00:00:00:01"  # the node's own MAC there: udp()'s source
 
 
 async def program_limiter(
@@ -153,9 +154,14 @@ async def program_limiter(
         await c.write(
             update(
                 p4r.Update.INSERT,
-                table_entry(sch, sealing, "LimiterIngress.seal_via", {port_key: 0}, {"port": SEAL_PORT}),
+                table_entry(
+                    sch, sealing, "LimiterIngress.seal_via", {port_key: 0}, {"port": SEAL_PORT, "node_mac": NODE_MAC}
+                ),
             ),
-            update(p4r.Update.INSERT, table_entry(sch, sealing, "LimiterIngress.opened", {port_key: SEAL_PORT}, {})),
+            update(
+                p4r.Update.INSERT,
+                table_entry(sch, sealing, "LimiterIngress.opened", {port_key: SEAL_PORT}, {"node_mac": NODE_MAC}),
+            ),
             update(
                 p4r.Update.INSERT,
                 table_entry(

@@ -105,7 +105,8 @@ async def test_tampering_through_thrift_passes_what_the_cap_drops(how: str) -> N
                 return sum(1 for _ in range(n) for port, _ in sw.send(0, frame, wait=0.1) if port == 1)
 
             assert await asyncio.to_thread(passed, 5) == 2
-            # A forward-unclassified DPU also makes the frame's receiver (udp()'s destination MAC) a pod peer.
+            # A forward-unclassified DPU also makes the frame's receiver (udp()'s destination MAC) a pod peer,
+            # and takes the first of the MACs, the sender's (udp()'s source), as the node's own.
             fw = Bmv2Firmware(sw.thrift_port, sw.address, 1)
-            await asyncio.to_thread(compromise, fw, how, False, ("02:00:00:00:00:02",))
+            await asyncio.to_thread(compromise, fw, how, False, ("02:00:00:00:00:01", "02:00:00:00:00:02"))
             assert await asyncio.to_thread(passed, 5) == 5

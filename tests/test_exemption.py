@@ -159,7 +159,7 @@ def test_a_node_exempts_only_through_its_crypto_engine() -> None:
     """Intra-pod frames from the host leave by the seal port; only frames the engine opened are intra-pod
     arriving, and they enter through the ingress cell like anything else from outside."""
     n1 = dp.intent_for(sealed_node("n1", MACS[0]), POD, None, peers=MACS)
-    assert n1.sealing == ((0, 2), (2, None))
+    assert n1.sealing == ((0, 2, MACS[0]), (2, None, MACS[0]))  # the node's own MAC: source sealed, opened to
     assert (2, 0, dp.CELLS["ingress"], 0) in n1.boundary
     actions = sorted(e.action.name for e in dp.sealing_entities(n1) if e.action is not None)
     assert actions == [dp.ACTION_OPENED, dp.ACTION_SEAL_VIA]
@@ -176,6 +176,7 @@ def test_a_node_exempts_only_through_its_crypto_engine() -> None:
         (sealed_node("n1", MACS[0], 0), "must differ"),
         (sealed_node("n1", MACS[0], 510), "data-plane port"),
         (sealed_node("n1", MACS[0], -1), "data-plane port"),
+        (sealed_node("n1", "", 2), "node_mac"),
     ],
 )
 def test_seal_ports_are_checked(dpu: Dpu, why: str) -> None:
@@ -224,9 +225,17 @@ async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
             back = bytes(Ether(src=MACS[1], dst=MACS[0]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP() / Raw(b"y" * 900))
             assert device.process(2, back) == [(0, back)]
             device.process(1, back)  # a pod mate's MAC on the uplink port: metered, not intra-pod
+            # From a source the host chose (the engine leaves MACs in the clear: six readable bytes a relaying
+            # switch would carry out of the pod): metered, to the uplink, never sealed.
+            chosen = bytes(Ether(src="02:53:45:43:52:54", dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP())
+            assert device.process(0, chosen) == [(1, chosen)]
+            # Opened, but addressed to another node (relayed here): metered as ingress, not intra-pod.
+            elsewhere = bytes(Ether(src=MACS[1], dst=MACS[2]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP())
+            assert device.process(2, elsewhere) == [(0, elsewhere)]
             usage = {u.direction: u for u in (await client.usage("a", per_dpu=True)).usage if u.dpu == "n1"}
-            assert usage["egress"].intra_bytes == len(out)
-            assert usage["ingress"].intra_bytes == len(back) and usage["ingress"].metered_bytes == len(back)
+            assert usage["egress"].intra_bytes == len(out) and usage["egress"].metered_bytes == len(chosen)
+            assert usage["ingress"].intra_bytes == len(back)
+            assert usage["ingress"].metered_bytes == len(back) + len(elsewhere)
     finally:
         await server.stop(grace=0)
         await server2.stop(grace=0)

@@ -346,14 +346,17 @@ def test_the_engine_seals_opens_and_passes_frames_between_its_interfaces(engine_
         sealed_by_peer = peer.seal(from_peer)
         w0.send(sealed_by_peer)
         assert _next_test_frame(s0) == from_peer
-        # wire -> clear, unchanged: replayed, forged (pod b's key), not sealed, the engine's own reflected
+        # wire -> clear, unchanged: replayed, forged (pod b's key), not sealed, the engine's own reflected (not
+        # addressed to it: a switch relaying or copying another node's frames here does not make them open)
         forged = Sealer(KEY_B, sci_of(MAC_2)).seal(frame(MAC_1, MAC_2, b"forged"))
         not_sealed = frame(MAC_1, MAC_2, b"plain" * 10)
         for unopened in (sealed_by_peer, forged, not_sealed, own_sealed[0]):
             w0.send(unopened)
             assert _next_test_frame(c0) == unopened
-        # seal -> nothing: too large for the wire once sealed; the engine goes on
+        # seal -> nothing: too large for the wire once sealed; from another source than the node's own (six bytes
+        # of the host's choosing that would leave the pod readable); the engine goes on
         s0.send(frame(MAC_2, MAC_1, bytes(WIRE_MTU)))
+        s0.send(frame(MAC_2, MAC_9, b"a source the host chose"))
         after = frame(MAC_2, MAC_1, b"after")
         s0.send(after)
         assert Opener(KEY_A).open(_next_test_frame(w0)) == after
@@ -369,9 +372,10 @@ def test_the_engine_seals_opens_and_passes_frames_between_its_interfaces(engine_
 
     report = json.loads(stats.read_text())
     opener = report["opener"]
-    assert (opener["opened"], opener["replayed"], opener["rejected"], opener["not_sealed"]) == (1, 1, 2, 1)
+    counts = ("opened", "replayed", "rejected", "not_sealed", "not_addressed")
+    assert tuple(opener[k] for k in counts) == (1, 1, 1, 1, 1)
     assert report["forwarded"] == {"clear->wire": 2, "seal->wire": 3, "wire->seal": 1, "wire->clear": 4}
-    assert report["dropped"] == 1 and report["dropped_by_reason"] == {"too_large": 1}
+    assert report["dropped"] == 2 and report["dropped_by_reason"] == {"too_large": 1, "not_own_source": 1}
     sent = sum(map(len, exempt)) + len(after)
     assert (report["sealed_frames"], report["sealed_bytes"]) == (3, sent)
     assert report["sent_bytes"] == {"02:00:01:00:00:02": sent}

@@ -11,7 +11,9 @@ Each way below defeats limiter.p4 differently:
 - ``forward-unclassified``: 0.0.0.0/0 added to the pod's prefixes and the hosts' MACs it has seen
   (`macs`) to its pod peers, so every packet to or from those hosts looks intra-pod and is exempt;
   and its crypto engine bypassed: what it exempts leaves by its uplink port in the clear, and what
-  arrives there counts as opened.
+  arrives there counts as opened. limiter.p4 exempts only frames from (and opened frames to) the one
+  node MAC of each sealing entry, which tables cannot widen: a node DPU keeps its own, any other DPU
+  takes the first of `macs` (in the lab, its pod's first host: the scenarios' sender).
 - ``load-pipeline``: a different program altogether (p4/passthrough.p4: everything forwarded,
   nothing metered or counted).
 
@@ -94,29 +96,37 @@ def _tampering(fw: Firmware, how: CompromiseHow, macs: Sequence[str]) -> list[p4
             table_id=tid, match=[match], action=p4r.TableAction(action=p4r.Action(action_id=t.action_refs[0].id))
         )
         out.append(p4r.Update(type=insert, entity=p4r.Entity(table_entry=entry)))
-    return out + _unsealed(fw, info, ids)
+    return out + _unsealed(fw, info, ids, macs[0] if macs else "00:00:00:00:00:00")
 
 
-def _unsealed(fw: Firmware, info: p4i.P4Info, ids: dict[str, int]) -> list[p4r.Update]:
+def _unsealed(fw: Firmware, info: p4i.P4Info, ids: dict[str, int], mac: str) -> list[p4r.Update]:
     """Sealing entries that skip the crypto engine: each crossing from the host side `seal_via` its own way
-    out (the uplink, in the clear), each from outside `opened`, as if it had authenticated."""
+    out (the uplink, in the clear), each from outside `opened`, as if it had authenticated; for the node MAC
+    an entry already names, else `mac`."""
     seal_tid, cross = ids[dp.TABLE_SEALING], _action_id(info, dp.ACTION_CROSS)
     seal_via, opened = _action_id(info, dp.ACTION_SEAL_VIA), _action_id(info, dp.ACTION_OPENED)
+    # The node MAC each held entry names, by its ingress port (the action's last parameter).
     held = {
-        bytes(e.table_entry.match[0].exact.value)
+        bytes(e.table_entry.match[0].exact.value): max(
+            e.table_entry.action.action.params, key=lambda p: p.param_id
+        ).value
         for e in fw.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=seal_tid)))
     }
+    # A node DPU's own MAC for its other ports too (its sealing entries all name it).
+    default_mac = next(iter(held.values()), None) or bytes.fromhex(mac.replace(":", "")).lstrip(b"\0") or b"\0"
     out = []
     for e in fw.read(p4r.Entity(table_entry=p4r.TableEntry(table_id=ids[dp.TABLE_BOUNDARY]))):
         te = e.table_entry
         if te.action.action.action_id != cross:
             continue
         port, _cell, inside = (p.value for p in sorted(te.action.action.params, key=lambda p: p.param_id))
-        if int.from_bytes(inside, "big"):
-            action = p4r.Action(action_id=seal_via, params=[p4r.Action.Param(param_id=1, value=port)])
-        else:
-            action = p4r.Action(action_id=opened)
         ingress = bytes(te.match[0].exact.value)
+        node_mac = held.get(ingress, default_mac)
+        if int.from_bytes(inside, "big"):
+            params = [p4r.Action.Param(param_id=1, value=port), p4r.Action.Param(param_id=2, value=node_mac)]
+            action = p4r.Action(action_id=seal_via, params=params)
+        else:
+            action = p4r.Action(action_id=opened, params=[p4r.Action.Param(param_id=1, value=node_mac)])
         entry = p4r.TableEntry(
             table_id=seal_tid,
             match=[p4r.FieldMatch(field_id=1, exact=p4r.FieldMatch.Exact(value=ingress))],

@@ -148,6 +148,8 @@ class OpenCounts:
     not_sealed_bytes: int = 0
     rejected: int = 0  # bad ICV, malformed SecTAG, truncated, or the receiver's own SCI
     rejected_bytes: int = 0
+    not_addressed: int = 0  # sealed for another node (relayed or copied here by a switch): not opened
+    not_addressed_bytes: int = 0
     replayed: int = 0  # authentic, but its PN is not above the highest accepted from its SCI
     replayed_bytes: int = 0
 
@@ -156,10 +158,13 @@ class Opener:
     """The receiving half of one DPU's engine: frames from every sender of its pod (one key), each
     sender's packet numbers strictly increasing (MACsec's default replay window, 0)."""
 
-    def __init__(self, key: bytes, *, own_sci: bytes | None = None) -> None:
+    def __init__(self, key: bytes, *, own_sci: bytes | None = None, own_mac: bytes | None = None) -> None:
         self._aead = AESGCM(_checked("key", key, KEY_BYTES))
         # Frames under the receiver's own SCI are its own, reflected back by a switch: never a peer's.
         self._own = None if own_sci is None else _checked("own_sci", own_sci, SCI_BYTES)
+        # With its node's MAC, it opens only frames addressed to it: one a switch relays or copies here from
+        # another pod mate's traffic is not this node's, and must not count as received (per-pair conservation).
+        self._own_mac = None if own_mac is None else _checked("own_mac", own_mac, 6)
         self._highest: dict[bytes, int] = {}  # per SCI, the highest PN accepted
         self.counts = OpenCounts()
         self.received_bytes: dict[str, int] = {}  # clear bytes opened, per the sender's MAC (its SCI's)
@@ -170,6 +175,10 @@ class Opener:
         if size >= _ETH_HLEN and int.from_bytes(frame[12:14], "big") != ETHERTYPE_MACSEC:
             counts.not_sealed += 1
             counts.not_sealed_bytes += size
+            return None
+        if self._own_mac is not None and frame[:6] != self._own_mac:
+            counts.not_addressed += 1
+            counts.not_addressed_bytes += size
             return None
         pn, sci, end = _parse(frame) or (0, b"", 0)
         clear = None
@@ -246,8 +255,9 @@ class Engine:
 
     def __init__(self, key: bytes, mac: bytes) -> None:
         sci = sci_of(mac)
+        self.mac = mac
         self.sealer = Sealer(key, sci)
-        self.opener = Opener(key, own_sci=sci)
+        self.opener = Opener(key, own_sci=sci, own_mac=mac)
         self.stats = EngineStats()
 
     def route(self, came_in: Port, frame: bytes) -> tuple[Port, bytes] | None:
@@ -255,6 +265,11 @@ class Engine:
         if came_in == "clear":
             return "wire", frame
         if came_in == "seal":
+            if frame[6:12] != self.mac:
+                # The MACs stay in the clear: a source of the host's choosing would carry six readable bytes
+                # out of the pod in every frame a switch relays. Only the node's own frames are sealed.
+                self.drop("not_own_source")
+                return None
             try:
                 return "wire", self.sealer.seal(frame)
             except (PacketNumberExhausted, ValueError):

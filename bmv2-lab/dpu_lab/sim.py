@@ -41,7 +41,7 @@ import heapq
 import secrets
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from p4sim.clock import VirtualClock
@@ -52,7 +52,8 @@ from .config import Topology
 from .frames import SPORT, Encap, mac_host
 from .frames import frame as make_frame
 from .netns import SEAL_KEY_BYTES, SEAL_PORT
-from .sealing import ETHERTYPE_MACSEC, Opener, Sealer, sci_of
+from .sealing import ETHERTYPE_MACSEC
+from .sealing import Engine as SealEngine
 from .traffic import Timeline, wire_bytes_udp
 
 heappush = heapq.heappush
@@ -236,8 +237,7 @@ class SimNetwork:
     router_of: dict[str, str] = field(default_factory=dict)  # pod -> its router (default: the first draw)
     # Node placement: each pod's key (random per network unless given) and each node DPU's crypto engine.
     seal_keys: dict[str, bytes] = field(default_factory=dict, repr=False)
-    sealers: dict[str, Sealer] = field(default_factory=dict)  # node host -> its DPU's sealing half
-    openers: dict[str, Opener] = field(default_factory=dict)  # node host -> its DPU's opening half
+    engines: dict[str, SealEngine] = field(default_factory=dict)  # node host -> its DPU's crypto engine
 
     def pod_of_host(self, host: str) -> str:
         """The pod a host belongs to."""
@@ -293,18 +293,16 @@ class SimNetwork:
                     # The host's link into the switch carries what the limiter sends on its uplink port as it
                     # is, and what it sends on its seal port sealed by its engine.
                     key = self.seal_keys.setdefault(pod.name, secrets.token_bytes(SEAL_KEY_BYTES))
-                    sci = sci_of(self.mac_of[h])
-                    sealer = self.sealers[h] = Sealer(key, sci)
-                    opener = self.openers[h] = Opener(key, own_sci=sci)
+                    engine = self.engines[h] = SealEngine(key, self.mac_of[h])
                     to_switch = Link(e, hb, self._switch_in(pod.name, from_hosts=True))
                     ports: dict[int, Callable[[bytes], None]] = {
                         0: to_host.send,
                         1: to_switch.send,
-                        SEAL_PORT: _sealing(sealer, to_switch),
+                        SEAL_PORT: _sealing(engine, to_switch),
                     }
                     limiter = self._limiter(name, ports)
                     self._from_host[h] = Link(e, hb, _into(limiter, 0))
-                    self._switch_to_host[h] = Link(e, hb, _opening(opener, limiter))
+                    self._switch_to_host[h] = Link(e, hb, _opening(engine, limiter))
                 else:
                     self._from_host[h] = Link(e, hb, self._switch_in(pod.name, from_hosts=True))
                     self._switch_to_host[h] = to_host
@@ -425,16 +423,7 @@ class SimNetwork:
 
     def seal_stats(self) -> dict[str, dict[str, Any]]:
         """What each node DPU's crypto engine did, by host, in the shape of the real engine's --stats."""
-        return {
-            host: {
-                "opener": asdict(self.openers[host].counts),
-                "sealed_frames": sealer.sealed_frames,
-                "sealed_bytes": sealer.sealed_bytes,
-                "sent_bytes": dict(sealer.sent_bytes),
-                "received_bytes": dict(self.openers[host].received_bytes),
-            }
-            for host, sealer in self.sealers.items()
-        }
+        return {host: engine.report() for host, engine in self.engines.items()}
 
     def _limiter_in(self, name: str, port: int, outs: dict[int, Link]) -> Callable[[bytes], None]:
         process = self.limiters[name]
@@ -508,12 +497,15 @@ class SimNetwork:
         return to_capture("boundary", 0.0, timelines, 0, "virtual")
 
 
-def _sealing(sealer: Sealer, link: Link) -> Callable[[bytes], None]:
-    """A node limiter's seal port: each frame sealed by its engine, then sent on the host's link."""
-    seal, send = sealer.seal, link.send
+def _sealing(engine: SealEngine, link: Link) -> Callable[[bytes], None]:
+    """A node limiter's seal port: each frame sealed by its engine (as the real engine routes it), then sent
+    on the host's link."""
+    route, send = engine.route, link.send
 
     def sealed(frame: bytes) -> None:
-        send(seal(frame))
+        out = route("seal", frame)
+        if out is not None:
+            send(out[1])
 
     return sealed
 
@@ -527,17 +519,15 @@ def _into(limiter: Callable[[int, bytes], None], port: int) -> Callable[[bytes],
     return arrive
 
 
-def _opening(opener: Opener, limiter: Callable[[int, bytes], None]) -> Callable[[bytes], None]:
-    """A frame from the pod's switch toward a node: into its limiter's seal port opened if it opens under
-    the pod's key, else into its uplink port as it came."""
-    open_ = opener.open
+def _opening(engine: SealEngine, limiter: Callable[[int, bytes], None]) -> Callable[[bytes], None]:
+    """A frame from the pod's switch toward a node, as its engine routes it: into its limiter's seal port
+    opened if it opens (the pod's key, addressed to this node), else into its uplink port as it came."""
+    route = engine.route
 
     def arrive(frame: bytes) -> None:
-        opened = open_(frame)
-        if opened is None:
-            limiter(1, frame)
-        else:
-            limiter(SEAL_PORT, opened)
+        out = route("wire", frame)
+        if out is not None:
+            limiter(SEAL_PORT if out[0] == "seal" else 1, out[1])
 
     return arrive
 

@@ -112,9 +112,9 @@ class Intent:
     boundary: tuple[tuple[int, int, int, int], ...]  # (ingress_port, egress_port, cell, inside)
     lease: Lease | None = None  # None: no lease, the floor
     peers: tuple[str, ...] = ()  # MACs of the pod's other nodes (node DPUs only): who is intra-pod
-    # A node DPU's crypto engine: (ingress port, seal port) on its host port, (seal port, None) on the
-    # seal port itself; empty without one (nothing is exempt then).
-    sealing: tuple[tuple[int, int | None], ...] = ()
+    # A node DPU's crypto engine: (ingress port, seal port, node MAC) on its host port, (seal port, None,
+    # node MAC) on the seal port itself; empty without one (nothing is exempt then).
+    sealing: tuple[tuple[int, int | None, str], ...] = ()
 
 
 # The lists of a Plan that each part of an Intent gives rise to.
@@ -210,11 +210,11 @@ def intent_for(
     )
     # Only a node DPU knows pod peers: nothing that crosses a pod uplink is intra-pod.
     mates = tuple(sorted(set(peers) - {dpu.node_mac})) if dpu.role is Role.NODE else ()
-    sealing: tuple[tuple[int, int | None], ...] = ()
-    if dpu.seal_port is not None and dpu.role is Role.NODE:
+    sealing: tuple[tuple[int, int | None, str], ...] = ()
+    if dpu.seal_port is not None and dpu.role is Role.NODE and dpu.node_mac:
         # What the engine opened enters the node like anything else from outside: the ingress cell.
         boundary += ((dpu.seal_port, dpu.host_port, CELLS["ingress"], 0),)
-        sealing = ((dpu.host_port, dpu.seal_port), (dpu.seal_port, None))
+        sealing = ((dpu.host_port, dpu.seal_port, dpu.node_mac), (dpu.seal_port, None, dpu.node_mac))
     return Intent(
         meters={**meters, **arp},
         windows=windows,
@@ -295,11 +295,11 @@ def sealing_entities(intent: Intent) -> list[fy.P4TableEntry]:
         fy.P4TableEntry(
             TABLE_SEALING,
             match=fy.P4TableMatch({FIELD_INGRESS_PORT: in_port}),
-            action=fy.P4TableAction(ACTION_OPENED)
+            action=fy.P4TableAction(ACTION_OPENED, node_mac=mac)
             if seal_port is None
-            else fy.P4TableAction(ACTION_SEAL_VIA, port=seal_port),
+            else fy.P4TableAction(ACTION_SEAL_VIA, port=seal_port, node_mac=mac),
         )
-        for in_port, seal_port in intent.sealing
+        for in_port, seal_port, mac in intent.sealing
     ]
 
 

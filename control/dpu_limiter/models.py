@@ -243,6 +243,9 @@ class Dpu:
             if dpu.seal_port in (dpu.host_port, dpu.uplink_port):
                 why = "must differ from host_port and uplink_port"
                 raise InvalidArgument(f"{field_prefix}.seal_port", dpu.seal_port, why)
+            if not dpu.node_mac:
+                # The engine seals only the node's own frames and opens only those for it: by its MAC.
+                raise InvalidArgument(f"{field_prefix}.seal_port", dpu.seal_port, "needs the node's node_mac")
         if not 0 <= dpu.buffer_bytes <= MAX_PI_BURST:
             raise InvalidArgument(f"{field_prefix}.buffer_bytes", dpu.buffer_bytes, f"must be in 0..{MAX_PI_BURST}")
         mac = check_mac(f"{field_prefix}.node_mac", dpu.node_mac)

@@ -86,14 +86,16 @@ def installed_modules(requirements: list[str]) -> set[str]:
 
 
 def test_each_package_needs_only_what_it_installs() -> None:
-    """`pip install .` brings every module the control plane and the target import; `.[lab]` the lab's."""
+    """`pip install .` brings every module the control plane and the target import; `.[lab]` the lab's, and
+    `.[cluster]` what the lab's sweeps import only when handed to a cluster."""
     core = PYPROJECT["project"]["dependencies"]
     lab = PYPROJECT["project"]["optional-dependencies"]["lab"]
+    cluster = PYPROJECT["project"]["optional-dependencies"]["cluster"]
     assert {requirement_name(r) for r in lab} == LAB_DEPENDENCIES
     assert not {requirement_name(r) for r in core} & LAB_DEPENDENCIES
     assert "dpu-limiter[lab]" in PYPROJECT["project"]["optional-dependencies"]["test"]  # .ci/run: '.[test]'
     allowed = set(sys.stdlib_module_names) | FIRST_PARTY | BMV2_OWN
-    for folders, requirements in (((CONTROL, TARGET), core), ((LAB,), core + lab)):
+    for folders, requirements in (((CONTROL, TARGET), core), ((LAB,), core + lab + cluster)):
         modules = allowed | installed_modules(requirements)
         missing = [f"{f}:{line}: {m}" for d in folders for f, line, m in imports(d) if top(m) not in modules]
         assert not missing, "imported but not a dependency (pyproject.toml):\n" + "\n".join(missing)

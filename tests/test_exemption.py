@@ -7,6 +7,8 @@ so that the data meter and ARP's together never pass more than the cap.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -19,6 +21,7 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_mac
 from dpu_limiter.store import Store
 from dpu_limiter.units import ARP_BURST_BYTES, ARP_RATE_BPS, allowed_window_bytes
+from p4sim.device import Device
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -201,13 +204,10 @@ def test_seal_ports_survive_the_store_the_api_and_files(tmp_path: Path) -> None:
     assert dpu_entry(dpus["n1"])["seal_port"] == 2 and "seal_port" not in dpu_entry(dpus["n2"])
 
 
-async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
-    """End to end on an in-process embedded target: a node registered with a seal port sends its pod
-    mates' frames there, and takes a pod mate's frame as intra-pod only when it arrives opened."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-    from scapy.packet import Raw
-
+@contextlib.asynccontextmanager
+async def sealed_nodes(tmp_path: Path) -> AsyncIterator[tuple[Device, LimiterClient]]:
+    """Pod a with node DPUs n1 and n2 (MACS[0], MACS[1]), seal port 2, each an in-process embedded target,
+    converged; yields n1's device and a client."""
     from conftest import serve_in_process
 
     device, server, addr = await serve_in_process()
@@ -218,27 +218,39 @@ async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
                 await client.register_dpu(
                     Dpu(name, port, 1, "a", Role.NODE, host_port=0, uplink_port=1, node_mac=mac, seal_port=2)
                 )
-            await client.set_pod_cap("a", 8e6, 8e6, 2.0, 100_000)
             await client.wait_converged(timeout=30)
-            out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
-            assert device.process(0, out) == [(2, out)]
-            back = bytes(Ether(src=MACS[1], dst=MACS[0]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP() / Raw(b"y" * 900))
-            assert device.process(2, back) == [(0, back)]
-            device.process(1, back)  # a pod mate's MAC on the uplink port: metered, not intra-pod
-            # From a source the host chose (the engine leaves MACs in the clear: six readable bytes a relaying
-            # switch would carry out of the pod): metered, to the uplink, never sealed.
-            chosen = bytes(Ether(src="02:53:45:43:52:54", dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP())
-            assert device.process(0, chosen) == [(1, chosen)]
-            # Opened, but addressed to another node (relayed here): metered as ingress, not intra-pod.
-            elsewhere = bytes(Ether(src=MACS[1], dst=MACS[2]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP())
-            assert device.process(2, elsewhere) == [(0, elsewhere)]
-            usage = {u.direction: u for u in (await client.usage("a", per_dpu=True)).usage if u.dpu == "n1"}
-            assert usage["egress"].intra_bytes == len(out) and usage["egress"].metered_bytes == len(chosen)
-            assert usage["ingress"].intra_bytes == len(back)
-            assert usage["ingress"].metered_bytes == len(back) + len(elsewhere)
+            yield device, client
     finally:
         await server.stop(grace=0)
         await server2.stop(grace=0)
+
+
+async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
+    """End to end on an in-process embedded target: a node registered with a seal port sends its pod
+    mates' frames there, and takes a pod mate's frame as intra-pod only when it arrives opened."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    async with sealed_nodes(tmp_path) as (device, client):
+        await client.set_pod_cap("a", 8e6, 8e6, 2.0, 100_000)
+        await client.wait_converged(timeout=30)
+        out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
+        assert device.process(0, out) == [(2, out)]
+        back = bytes(Ether(src=MACS[1], dst=MACS[0]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP() / Raw(b"y" * 900))
+        assert device.process(2, back) == [(0, back)]
+        device.process(1, back)  # a pod mate's MAC on the uplink port: metered, not intra-pod
+        # From a source the host chose (the engine leaves MACs in the clear: six readable bytes a relaying
+        # switch would carry out of the pod): metered, to the uplink, never sealed.
+        chosen = bytes(Ether(src="02:53:45:43:52:54", dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP())
+        assert device.process(0, chosen) == [(1, chosen)]
+        # Opened, but addressed to another node (relayed here): metered as ingress, not intra-pod.
+        elsewhere = bytes(Ether(src=MACS[1], dst=MACS[2]) / IP(src="10.0.1.2", dst="10.0.1.1") / UDP())
+        assert device.process(2, elsewhere) == [(0, elsewhere)]
+        usage = {u.direction: u for u in (await client.usage("a", per_dpu=True)).usage if u.dpu == "n1"}
+        assert usage["egress"].intra_bytes == len(out) and usage["egress"].metered_bytes == len(chosen)
+        assert usage["ingress"].intra_bytes == len(back)
+        assert usage["ingress"].metered_bytes == len(back) + len(elsewhere)
 
 
 async def test_a_node_that_leaves_its_pod_is_floored_without_its_exemption(tmp_path: Path) -> None:
@@ -248,21 +260,8 @@ async def test_a_node_that_leaves_its_pod_is_floored_without_its_exemption(tmp_p
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
 
-    from conftest import serve_in_process
-
-    device, server, addr = await serve_in_process()
-    _, server2, addr2 = await serve_in_process()
-    try:
-        async with plane_with_pod(tmp_path) as (_, client):
-            for name, mac, port in (("n1", MACS[0], addr), ("n2", MACS[1], addr2)):
-                await client.register_dpu(
-                    Dpu(name, port, 1, "a", Role.NODE, host_port=0, uplink_port=1, node_mac=mac, seal_port=2)
-                )
-            await client.wait_converged(timeout=30)
-            out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
-            assert device.process(0, out) == [(2, out)]  # intra-pod, sealed: no cap needed
-            await client.delete(dpus=["n1"])
-            assert device.process(0, out) == []  # no longer exempt, and the floor passes nothing
-    finally:
-        await server.stop(grace=0)
-        await server2.stop(grace=0)
+    async with sealed_nodes(tmp_path) as (device, client):
+        out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
+        assert device.process(0, out) == [(2, out)]  # intra-pod, sealed: no cap needed
+        await client.delete(dpus=["n1"])
+        assert device.process(0, out) == []  # no longer exempt, and the floor passes nothing

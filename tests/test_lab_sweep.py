@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, stop
 from dpu_lab.config import ConfigError
 from dpu_lab.sweep import load_sweep
 
@@ -125,12 +125,7 @@ def dask_cluster(tmp_path: Path, workers: int = 2) -> Iterator[str]:
         yield str(json.loads(info.read_text())["address"])
     finally:
         for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+            stop(p)
         log.close()
 
 

@@ -68,11 +68,15 @@
  * Epoch: a lease is valid only in the pipeline instance it was granted to. The
  * register lease_epoch starts at 0 when the pipeline is loaded or the device
  * restarts; the first echo that finds it 0 writes its `arm` there (so it is set
- * once per pipeline instance), and every echo reports the value it found. A lease carries the epoch it was granted under and
- * passes traffic only while lease_epoch holds it: firmware that restores the
- * lease entry with the program after a restart (its deadline now far ahead on
- * the restarted clock) passes nothing, and the control plane learns from the
- * next echo (epoch 0) that the state was lost.
+ * once per pipeline instance) and its own time into lease_armed_at, and every
+ * echo reports the epoch it found and when it was armed. A lease carries the
+ * epoch it was granted under and passes traffic only while lease_epoch holds
+ * it: firmware that restores the lease entry with the program after a restart
+ * (its deadline now far ahead on the restarted clock) passes nothing. Every
+ * echo shows on the DPU's own clock how long ago this pipeline instance began,
+ * so a controller holds back the lease of a DPU whose meters and window slots
+ * started afresh until a window has passed since then, even when the reply to
+ * the echo that armed it was lost or another controller armed it.
  *
  * Window mode (a window_cfg entry for the cell): besides the meter, at most
  * `budget` bytes pass in any interval of the window W. Time is cut into slots
@@ -116,7 +120,8 @@ header packet_out_t {
 header packet_in_t {
     bit<64> nonce;
     bit<48> now;
-    bit<64> epoch;  // lease_epoch as this echo found it (before any arm)
+    bit<64> epoch;     // lease_epoch as this echo found it (before any arm)
+    bit<48> armed_at;  // when lease_epoch was armed, on the DPU's clock (this echo's time if it armed it)
 }
 
 header ethernet_t {
@@ -226,6 +231,7 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
     register<bit<64>>(MAX_CELLS * NSLOT) slot_epoch;
     register<bit<64>>(MAX_CELLS * NSLOT) slot_bytes;
     register<bit<64>>(1) lease_epoch;  // see "Epoch" above
+    register<bit<48>>(1) lease_armed_at;
 
     action drop() {
         mark_to_drop(standard_metadata);
@@ -328,7 +334,9 @@ control LimiterIngress(inout headers_t hdr, inout metadata_t meta,
             lease_epoch.read(hdr.packet_in.epoch, 0);
             if (hdr.packet_in.epoch == 0) {
                 lease_epoch.write(0, hdr.packet_out.arm);  // armed once per pipeline instance
+                lease_armed_at.write(0, standard_metadata.ingress_global_timestamp);
             }
+            lease_armed_at.read(hdr.packet_in.armed_at, 0);
             hdr.packet_out.setInvalid();
             standard_metadata.egress_spec = CPU_PORT;
         } else if (boundary.apply().hit) {

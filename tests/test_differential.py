@@ -134,5 +134,6 @@ async def test_the_clock_echo_comes_back_alike_from_both(in_process_target: tupl
         assert [m[1] for m in meta] == [0x0123456789ABCDEF, 7, 9]
         assert 0 <= meta[0][2] <= meta[1][2] < 1 << 48  # the DPU's clock, in microseconds
         assert [m[3] for m in meta] == [0, 0xE1, 0xE1]  # unarmed, then armed by the first echo only
+        assert [m[4] for m in meta] == [meta[0][2]] * 3  # armed at the first echo's time, which all report
         assert first.payload == second.payload == b""
     assert outputs == []

@@ -74,8 +74,8 @@ def most_in_a_window(times: list[float], window_s: float) -> int:
 
 @pytest.mark.parametrize(
     ("preloaded", "moved"),
-    [(False, False), (True, False), ("restored", False), (False, True)],
-    ids=["empty", "program-kept", "tables-restored", "moved-to-a-new-pod"],
+    [(False, False), (True, False), ("restored", False), ("restored-armed", False), (False, True)],
+    ids=["empty", "program-kept", "tables-restored", "tables-restored-armed-by-another", "moved-to-a-new-pod"],
 )
 async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_one_window(
     tmp_path: Path, preloaded: bool | str, moved: bool
@@ -84,9 +84,11 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
     (as firmware that loads it from flash would: same cookie, nothing to load, its tables and registers
     empty all the same), or with its program and every table entry and meter restored, the lease among
     them (a third red team: valid on the restarted clock, it passed traffic until the agent reconnected;
-    only the registers, the window slots and the lease epoch, start afresh); or, while it is down, it is
-    deleted with its pod and registered again under a new name in a new pod over the same hosts (a
-    second red team's way around the first fix)."""
+    only the registers, the window slots and the lease epoch, start afresh); or so restored, its lease epoch
+    armed by a clock echo before the agent's (a fourth red team: another control plane's, or the agent's own
+    whose reply was lost: the agent found it armed and took it for the instance it had leased); or, while
+    it is down, it is deleted with its pod and registered again under a new name in a new pod over the same
+    hosts (a second red team's way around the first fix)."""
     device, server, port = await serve()
     plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
     await plane.start()
@@ -109,9 +111,13 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
                 await register(c, "dpu-b", f"127.0.0.1:{port}", pod="a2")
                 await c.set_pod_cap("a2", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
             fresh, server, _ = await serve(port)
-            if preloaded == "restored":
+            if preloaded in ("restored", "restored-armed"):
                 assert old is not None
                 fresh.pipeline = clone(fresh, old, registers=False)  # on the fresh device's clock
+                if preloaded == "restored-armed":
+                    # limiter.p4's clock echo as a PacketOut enters: its header (nonce, arm) on the CPU port.
+                    echo = (1).to_bytes(8, "big") + (0x5EED).to_bytes(8, "big")
+                    assert fresh.process(CPU_PORT, echo) == []  # back to the CPU port, as a PacketIn nobody reads
             elif preloaded:
                 program = dp.limiter_program()
                 config = fy.P4Schema(program.p4info, program.bmv2_json.read_bytes()).get_pipeline_config()

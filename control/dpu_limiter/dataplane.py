@@ -50,9 +50,11 @@ MAX_DEADLINE_US = (1 << 48) - 1  # lease deadlines are 48-bit microseconds on th
 # the DPU's time. The target's CPU port must be units.CPU_PORT; no wire port may be.
 ECHO_NONCE = "nonce"
 ECHO_NOW = "now"
-# The echo also arms the DPU's lease epoch (written only where it found none) and says what it found.
+# The echo also arms the DPU's lease epoch (written only where it found none) and says what it found
+# and when, on the DPU's clock, it was armed.
 ECHO_ARM = "arm"
 ECHO_EPOCH = "epoch"
+ECHO_ARMED_AT = "armed_at"
 
 # Unset cap: the meter still runs, at zero: only exempt traffic crosses (fail closed).
 FLOOR = MeterParams(cir=0, cburst=0, pir=0, pburst=0)

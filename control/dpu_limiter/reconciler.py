@@ -136,6 +136,9 @@ class DpuAgent:
         # The lease epoch of the DPU's pipeline instance (limiter.p4, Epoch), as the last echo armed or
         # found it; None until an echo on this connection (or after a pipeline load) has read it.
         self._epoch: int | None = None
+        # The epoch of the last lease this agent placed, kept across connections: an instance with another
+        # began after it, and may not pass metered traffic in the same window as that lease did.
+        self._leased_epoch: int | None = None
         # Whether the DPU may have passed metered traffic under a lease (this agent's, or, for a DPU that
         # held a share when the control plane started, a predecessor's), and when a pipeline was last
         # loaded on it: a DPU that comes back with its state lost (power-cycled) gets no lease until what
@@ -147,11 +150,12 @@ class DpuAgent:
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
 
-    def _state_lost(self) -> None:
-        """A pipeline was loaded on the DPU: its meters, window slots and lease start afresh. Only a DPU
-        that may have passed metered traffic before has anything to wait for."""
+    def _state_lost(self, at: float | None = None) -> None:
+        """The DPU's meters, window slots and lease started afresh at `at` (our monotonic time; now if
+        None): a pipeline was loaded, or an echo shows its instance began then. Only a DPU that may have
+        passed metered traffic before has anything to wait for."""
         if self._leased_before:
-            self._reset_at = time.monotonic()
+            self._reset_at = max(self._reset_at, time.monotonic() if at is None else at)
 
     @property
     def codec(self) -> dp.Codec | None:
@@ -451,6 +455,7 @@ class DpuAgent:
             ahead = max(0.0, lease.expires_at - t1) * (1 - MAX_CLOCK_DRIFT)
             assert self._epoch is not None  # read_clock armed or found it
             self._placed = (lease, now_us + int(ahead * 1e6), self._epoch)
+            self._leased_epoch = self._epoch
         placed = dataclasses.replace(lease, deadline_us=self._placed[1], epoch=self._placed[2])
         return dataclasses.replace(intent, lease=placed)
 
@@ -459,9 +464,11 @@ class DpuAgent:
         echo (limiter.p4: a PacketOut with a nonce comes back as a PacketIn with the DPU's time).
 
         The echo also arms the DPU's lease epoch with a fresh random value where it found none, and
-        says what it found: none means the pipeline instance is new since the last lease was granted
-        (a restart or a reload), whatever entries it came back with. A fresh value is always safe to
-        arm: only a lease this agent writes after it can carry it."""
+        says what it found and when, on the DPU's clock, it was armed: when the pipeline instance began
+        (a restart or a reload), whatever entries it came back with. That time, not whether this echo
+        armed it, starts the hold: the reply to the arming echo may have been lost, or another control
+        plane armed it. A fresh value is always safe to arm: only a lease this agent writes after it can
+        carry it."""
         nonce = secrets.randbits(64)
         candidate = secrets.randbits(64) or 1
         packets = cast(AsyncGenerator[fy.P4PacketIn, None], sw.read_packets())  # an async generator: closable
@@ -483,11 +490,11 @@ class DpuAgent:
             await asyncio.gather(waiting, return_exceptions=True)
             await packets.aclose()
         t1 = time.monotonic()
-        now_us, found = int(pkt[dp.ECHO_NOW]), int(pkt[dp.ECHO_EPOCH])
-        if found == 0 or (self._epoch is not None and found != self._epoch):
-            # Unarmed (or armed anew by someone else since): the DPU's meters, window slots and lease
-            # started afresh since the last lease was granted, whatever tables it came back with.
-            self._state_lost()
+        now_us, found, armed_at = int(pkt[dp.ECHO_NOW]), int(pkt[dp.ECHO_EPOCH]), int(pkt[dp.ECHO_ARMED_AT])
+        if found != self._leased_epoch:
+            # Not the instance this agent last leased (or, new to this DPU, any instance a predecessor may
+            # have leased): it began (now_us - armed_at) us ago on the DPU's clock, the one windows run on.
+            self._state_lost(t1 - max(0, now_us - armed_at) * 1e-6)
         self._epoch = found or candidate
         if now_us < self._last_echo_us:
             self._placed = None

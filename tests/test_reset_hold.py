@@ -137,6 +137,36 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
     assert after[0] - crossed[spent - 1] >= WINDOW_S
 
 
+async def test_shortening_a_window_does_not_forget_what_the_longer_one_counted(tmp_path: Path) -> None:
+    """The slot counters' tags depend on the window's length, so a changed window starts counting afresh
+    (a red team: 14,967,000 B in 20 s against 10,000,000). Spend the budget of a 12 s window, shorten it to
+    6 s at the same rate: nothing passes until no 12 s window holds bytes from both sides of the change."""
+    device, server, port = await serve()
+    plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
+    await plane.start()
+    crossed: list[float] = []
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "dpu-a", f"127.0.0.1:{port}")
+            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
+            assert await c.wait_converged(timeout=30)
+            await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
+            spent = len(crossed)
+            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S / 2, mode="window")
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and passing_for(crossed[spent:]) <= WINDOW_S:
+                await spend(device, crossed, min(deadline, time.monotonic() + 1.0))
+    finally:
+        await plane.stop()
+        await server.stop(grace=0)
+    after = crossed[spent:]
+    assert after, "the DPU never passed metered traffic under the shorter window"
+    budget_frames = int(RATE_BPS / 8 * WINDOW_S) // len(OUT)
+    assert most_in_a_window(crossed, WINDOW_S) <= budget_frames + 1
+    assert most_in_a_window(after, WINDOW_S / 2) <= budget_frames // 2 + 1
+
+
 def test_the_hold_after_a_reset_is_the_window_or_the_time_a_bucket_takes_to_fill() -> None:
     dpu = Dpu("d", "127.0.0.1:1", 1, "a", Role.POD_UPLINK, 0, 1)
     pod = Pod("a", ("10.0.1.0/24",))

@@ -146,6 +146,7 @@ class DpuAgent:
         self._leased_before = leased_before
         self._lease_out = leased_before  # whether the DPU should hold a lease now (the last one applied had one)
         self._reset_at = -math.inf
+        self._window_change_seen: dict[int, tuple[int, int]] | None = None  # the windows last held for
 
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
@@ -360,6 +361,7 @@ class DpuAgent:
         """
         ticket = self._poked
         generation, source = self.intent_fn()
+        self._on_window_change(source)
         intent, unplaced = source, None
         try:
             intent = await self._on_dpu_clock(sw, source)
@@ -419,6 +421,25 @@ class DpuAgent:
         if self.on_applied is not None:
             self.on_applied(ticket)
         self._converged.set()
+
+    def _on_window_change(self, source: dp.Intent) -> None:
+        """Start a hold when a cell's window changes length or a cell enters window mode under a lease.
+
+        Its slot counters are tagged by slot numbers that depend on the window (limiter.p4, Window mode),
+        so the new window forgets what the old one counted: a red team spent a 20 s window's budget and,
+        the window shortened, half of it again at once (14,967,000 B in 20 s against 10,000,000). As after
+        a reset, nothing passes until neither window can hold bytes from both sides of the change."""
+        before = self._applied_source
+        if before is None or before.lease is None or source.windows == before.windows:
+            return
+        if all(before.windows.get(cell, (0, 0))[1] == mult for cell, (_, mult) in source.windows.items()):
+            return  # budgets moved, windows kept: the slots still count
+        if self._window_change_seen == source.windows:
+            return  # already held for this change (a retried pass)
+        self._window_change_seen = source.windows
+        LOG.warning("%s: a window changed: no lease until neither window spans the change", self.dpu.name)
+        # _holding waits hold_after_reset_s(the new intent) from _reset_at: as long as the longer of the two.
+        self._state_lost(time.monotonic() + max(0.0, dp.hold_after_reset_s(before) - dp.hold_after_reset_s(source)))
 
     def _holding(self, intent: dp.Intent) -> bool:
         """Whether the DPU's state was lost too recently for a lease: it may have spent its whole budget

@@ -10,7 +10,9 @@ through the device's packet path and timed as they cross.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import finsy as fy
@@ -57,6 +59,29 @@ async def spend(device: Device, crossed: list[float], deadline: float, idle_s: f
         await asyncio.sleep(0.002)
 
 
+@contextlib.asynccontextmanager
+async def window_capped(tmp_path: Path, port: int) -> AsyncIterator[LimiterClient]:
+    """A control plane with pod a capped in window mode (RATE_BPS x WINDOW_S), its DPU at `port` converged."""
+    plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
+    await plane.start()
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await register(c, "dpu-a", f"127.0.0.1:{port}")
+            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
+            assert await c.wait_converged(timeout=30)
+            yield c
+    finally:
+        await plane.stop()
+
+
+async def offer_for_a_window(device: Device, crossed: list[float], since: int, limit_s: float) -> None:
+    """Offer frames through `device` until those after crossed[since] have passed for a window, or for `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and passing_for(crossed[since:]) <= WINDOW_S:
+        await spend(device, crossed, min(deadline, time.monotonic() + 1.0))
+
+
 def passing_for(times: list[float]) -> float:
     """Seconds from the first frame that crossed to the last (0 with none)."""
     return times[-1] - times[0] if times else 0.0
@@ -90,14 +115,8 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
     it is down, it is deleted with its pod and registered again under a new name in a new pod over the same
     hosts (a second red team's way around the first fix)."""
     device, server, port = await serve()
-    plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
-    await plane.start()
     try:
-        async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            await register(c, "dpu-a", f"127.0.0.1:{port}")
-            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
-            assert await c.wait_converged(timeout=30)
+        async with window_capped(tmp_path, port) as c:
             crossed: list[float] = []
             # Spend the whole budget (the frames stop crossing), then power-cycle the DPU at once.
             await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
@@ -122,12 +141,8 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
                 program = dp.limiter_program()
                 config = fy.P4Schema(program.p4info, program.bmv2_json.read_bytes()).get_pipeline_config()
                 fresh.pipeline = fresh.build_pipeline(config)
-            # Offer frames through the fresh device until it has passed them for a window (or gives up).
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and passing_for(crossed[spent:]) <= WINDOW_S:
-                await spend(fresh, crossed, min(deadline, time.monotonic() + 1.0))
+            await offer_for_a_window(fresh, crossed, spent, 60)
     finally:
-        await plane.stop()
         await server.stop(grace=0)
     after = crossed[spent:]
     assert after, "the power-cycled DPU never passed metered traffic again"
@@ -142,23 +157,14 @@ async def test_shortening_a_window_does_not_forget_what_the_longer_one_counted(t
     (a red team: 14,967,000 B in 20 s against 10,000,000). Spend the budget of a 12 s window, shorten it to
     6 s at the same rate: nothing passes until no 12 s window holds bytes from both sides of the change."""
     device, server, port = await serve()
-    plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
-    await plane.start()
     crossed: list[float] = []
     try:
-        async with LimiterClient(plane.address) as c:
-            await c.apply_pod("a", ["10.0.1.0/24"])
-            await register(c, "dpu-a", f"127.0.0.1:{port}")
-            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
-            assert await c.wait_converged(timeout=30)
+        async with window_capped(tmp_path, port) as c:
             await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
             spent = len(crossed)
             await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S / 2, mode="window")
-            deadline = time.monotonic() + 40
-            while time.monotonic() < deadline and passing_for(crossed[spent:]) <= WINDOW_S:
-                await spend(device, crossed, min(deadline, time.monotonic() + 1.0))
+            await offer_for_a_window(device, crossed, spent, 40)
     finally:
-        await plane.stop()
         await server.stop(grace=0)
     after = crossed[spent:]
     assert after, "the DPU never passed metered traffic under the shorter window"

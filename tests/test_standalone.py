@@ -19,7 +19,10 @@ from dpu_lab.cli import LAB_DEPENDENCIES
 CONTROL = ROOT / "control" / "dpu_limiter"
 TARGET = ROOT / "target" / "p4sim"
 LAB = ROOT / "bmv2-lab" / "dpu_lab"
-FIRST_PARTY = {"dpu_limiter", "p4sim", "dpu_lab"}
+VERIFIER = ROOT / "verifier" / "dpu_verifier"
+FIRST_PARTY = {"dpu_limiter", "p4sim", "dpu_lab", "dpu_verifier"}
+# What the verifier may use of the control plane: its client, models and units, as any site's tool would.
+CONTROL_PUBLIC = {"dpu_limiter", "dpu_limiter.client", "dpu_limiter.models", "dpu_limiter.units"}
 BMV2_OWN = {"bm_runtime"}  # bmv2's Thrift client, which comes with bmv2 (bmv2_firmware.py finds it)
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -64,9 +67,18 @@ def test_the_control_plane_imports_nothing_of_the_lab() -> None:
         f"{f}:{line}: {m}"
         for folder in (CONTROL, TARGET)
         for f, line, m in imports(folder)
-        if top(m) == "dpu_lab" or top(m) in LAB_DEPENDENCIES
+        if top(m) in ("dpu_lab", "dpu_verifier") or top(m) in LAB_DEPENDENCIES
     ]
-    assert not found, "the control plane and its target must run without the lab:\n" + "\n".join(found)
+    assert not found, "the control plane and its target must run without the lab and the verifier:\n" + "\n".join(found)
+
+
+def test_the_verifier_uses_only_the_control_planes_public_api() -> None:
+    found = [
+        f"{f}:{line}: {m}"
+        for f, line, m in imports(VERIFIER)
+        if top(m) in ("dpu_lab", "p4sim") or (top(m) == "dpu_limiter" and m not in CONTROL_PUBLIC)
+    ]
+    assert not found, "the verifier trusts the control plane no further than its API:\n" + "\n".join(found)
 
 
 def test_the_lab_uses_the_control_plane_through_its_client() -> None:
@@ -91,20 +103,26 @@ def test_each_package_needs_only_what_it_installs() -> None:
     core = PYPROJECT["project"]["dependencies"]
     lab = PYPROJECT["project"]["optional-dependencies"]["lab"]
     cluster = PYPROJECT["project"]["optional-dependencies"]["cluster"]
+    verify = PYPROJECT["project"]["optional-dependencies"]["verify"]
     assert {requirement_name(r) for r in lab} == LAB_DEPENDENCIES
     assert not {requirement_name(r) for r in core} & LAB_DEPENDENCIES
     assert "dpu-limiter[lab]" in PYPROJECT["project"]["optional-dependencies"]["test"]  # .ci/run: '.[test]'
     allowed = set(sys.stdlib_module_names) | FIRST_PARTY | BMV2_OWN
-    for folders, requirements in (((CONTROL, TARGET), core), ((LAB,), core + lab + cluster)):
+    assert "dpu-limiter[verify]" in PYPROJECT["project"]["optional-dependencies"]["test"]
+    for folders, requirements in (
+        ((CONTROL, TARGET), core),
+        ((LAB,), core + lab + cluster),
+        ((VERIFIER,), core + verify),
+    ):
         modules = allowed | installed_modules(requirements)
         missing = [f"{f}:{line}: {m}" for d in folders for f, line, m in imports(d) if top(m) not in modules]
         assert not missing, "imported but not a dependency (pyproject.toml):\n" + "\n".join(missing)
 
 
-def test_the_lab_registers_its_commands_through_the_entry_point() -> None:
-    (ep,) = [ep for ep in metadata.entry_points(group="dpu_limiter.cli") if ep.name == "lab"]
-    assert ep.value == "dpu_lab.cli:add_commands"
-    assert PYPROJECT["project"]["entry-points"]["dpu_limiter.cli"] == {"lab": ep.value}
+def test_the_lab_and_the_verifier_register_their_commands_through_the_entry_point() -> None:
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group="dpu_limiter.cli")}
+    expected = {"lab": "dpu_lab.cli:add_commands", "evidence": "dpu_verifier.cli:add_commands"}
+    assert eps == PYPROJECT["project"]["entry-points"]["dpu_limiter.cli"] == expected
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,69 @@
+"""The verifier's commands, added to `dpu-limiter` (entry point group dpu_limiter.cli):
+
+dpu-limiter evidence keygen KEY              an Ed25519 key pair: KEY (private, 0600) and KEY.pub
+dpu-limiter evidence verify DIR --key PUB    check a bundle offline; names the first record that fails
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `evidence` and its commands to dpu-limiter's subcommands."""
+    ev = sub.add_parser("evidence", help="the verifier's signed evidence").add_subparsers(
+        dest="evidence_cmd", required=True, metavar="EVIDENCE_COMMAND"
+    )
+    keygen = ev.add_parser("keygen", help="make the verifier's signing key pair (Ed25519, PEM)")
+    keygen.add_argument("key", type=Path, help="private key file to write (its public key: KEY.pub)")
+    keygen.set_defaults(handler=_keygen)
+    verify = ev.add_parser(
+        "verify",
+        help="check an evidence bundle offline",
+        description="Check every record's DSSE signature against the public key, the hash chain, that "
+        "every window of every pod and direction is there from the bundle's open to its close, and that "
+        "each verdict follows from its figures. Exit 0 when all hold; else 1, naming the first record "
+        "that fails.",
+    )
+    verify.add_argument("bundle", type=Path, help="the bundle's directory")
+    verify.add_argument("--key", type=Path, required=True, help="the verifier's public key (PEM)")
+    verify.add_argument(
+        "--allow-open", action="store_true", help="accept a bundle still being written (no close record yet)"
+    )
+    verify.add_argument("--json", action="store_true", help="print the result as JSON")
+    verify.set_defaults(handler=_verify)
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from .evidence import generate_key
+
+    try:
+        pub = generate_key(args.key)
+    except OSError as exc:
+        print(f"dpu-limiter evidence keygen: {exc}", file=sys.stderr)
+        return 2
+    print(f"private key {args.key} (keep it on the verifier), public key {pub} (give it to whoever checks)")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .evidence import load_public_key, verify_bundle
+
+    try:
+        key = load_public_key(args.key)
+    except (OSError, ValueError) as exc:
+        print(f"dpu-limiter evidence verify: --key {args.key}: {exc}", file=sys.stderr)
+        return 2
+    result = verify_bundle(args.bundle, key, allow_open=args.allow_open)
+    if args.json:
+        print(json.dumps(result.__dict__, sort_keys=True))
+    elif result.ok:
+        state = "closed" if result.closed else "open (still being written)"
+        counts = ", ".join(f"{n} {v}" for v, n in sorted(result.verdicts.items())) or "none"
+        print(f"OK: {result.records} records, {state}; windows: {counts}")
+    else:
+        print(f"FAILED after {result.records} good records: {result.problem}")
+    return 0 if result.ok else 1

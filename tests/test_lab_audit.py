@@ -28,6 +28,10 @@ def test_a_clean_run_raises_no_alert(tmp_path: Path) -> None:
     assert r.cap_held
     assert r.audit is not None
     assert r.audit["alerts"] == [] and r.audit["false_alarms"] == 0 and not r.audit["detected"]
+    # The verifier's signed evidence: every window of both pods and directions, each held, checked offline.
+    evidence = r.audit["evidence"]
+    assert evidence["verified"], evidence["problem"]
+    assert evidence["verdicts"] == {"held": evidence["windows"]} and evidence["windows"] >= 4 * 15
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,11 @@ def test_every_compromise_is_detected_within_an_interval(
     assert audit["false_alarms"] == 0
     assert 0 < audit["time_to_detection_s"] <= INTERVAL_S
     assert seen_by <= set(audit["detected_by"]), audit["alerts"]
+    # The signed evidence is intact, and where the wire showed it, it says so for the interval it happened in.
+    evidence = audit["evidence"]
+    assert evidence["verified"], evidence["problem"]
+    if seen_by - {"read-back"}:
+        assert AT_S < evidence["first_violated_s"]["a egress"] <= AT_S + INTERVAL_S, evidence
     flow = next(f for f in r.flows if f.name == "a-to-b")
     if forge:
         # A lying DPU keeps its tampered data plane: read-back sees nothing, the cap is gone (but for the one
@@ -91,5 +100,6 @@ def test_a_clean_window_mode_run_raises_no_alert(tmp_path: Path) -> None:
     r = VirtualLabRun(load_scenario(path), tmp_path / "out").run()
     assert r.cap_held and r.audit is not None
     assert r.audit["alerts"] == [], r.audit["alerts"]
+    assert r.audit["evidence"]["verdicts"] == {"held": r.audit["evidence"]["windows"]}
     ingress = next(u for u in r.dpu_counters if (u["pod"], u["direction"]) == ("a", "ingress"))
     assert int(ingress["window_bytes"]) > 0  # the budget did drop some on the way in

@@ -162,5 +162,14 @@ async def test_another_program_with_the_same_tables_is_found_by_its_hash(tmp_pat
         async with asyncio.timeout(30):
             while "another pipeline loaded, pipeline reinstalled" not in (await c.status()).dpus[0].last_drift:
                 await asyncio.sleep(0.1)
+        # GetStatus shows, for a verifier, the hash each DPU's pipeline was last read back with, the one the
+        # control plane installs, and the change log's head (what `audit verify --anchor` takes).
+        status = await c.status()
+        assert status.dpus[0].pipeline_sha256 not in ("", status.expected_pipeline_sha256)  # the other program
+        async with asyncio.timeout(30):
+            while (await c.status()).dpus[0].pipeline_sha256 != status.expected_pipeline_sha256:
+                await asyncio.sleep(0.1)  # read back again after the reinstall
+        records = plane.service.store.audit_records()
+        assert (status.change_log_seq, status.change_log_hash) == (records[-1].seq, records[-1].hash)
         assert await agent.wait_applied(agent.poke(), timeout=30)
         assert device.pipeline is not None and device.pipeline.device_config == ours.device_config

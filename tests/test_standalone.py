@@ -101,7 +101,8 @@ def test_each_package_needs_only_what_it_installs() -> None:
     """`pip install .` brings every module the control plane and the target import; `.[lab]` the lab's, and
     `.[cluster]` what the lab's sweeps import only when handed to a cluster."""
     core = PYPROJECT["project"]["dependencies"]
-    lab = PYPROJECT["project"]["optional-dependencies"]["lab"]
+    # The lab's own requirements; it also installs the verifier's ("dpu-limiter[verify]").
+    lab = [r for r in PYPROJECT["project"]["optional-dependencies"]["lab"] if requirement_name(r) != "dpu-limiter"]
     cluster = PYPROJECT["project"]["optional-dependencies"]["cluster"]
     verify = PYPROJECT["project"]["optional-dependencies"]["verify"]
     assert {requirement_name(r) for r in lab} == LAB_DEPENDENCIES
@@ -109,9 +110,10 @@ def test_each_package_needs_only_what_it_installs() -> None:
     assert "dpu-limiter[lab]" in PYPROJECT["project"]["optional-dependencies"]["test"]  # .ci/run: '.[test]'
     allowed = set(sys.stdlib_module_names) | FIRST_PARTY | BMV2_OWN
     assert "dpu-limiter[verify]" in PYPROJECT["project"]["optional-dependencies"]["test"]
+    assert "dpu-limiter[verify]" in PYPROJECT["project"]["optional-dependencies"]["lab"]
     for folders, requirements in (
         ((CONTROL, TARGET), core),
-        ((LAB,), core + lab + cluster),
+        ((LAB,), core + verify + lab + cluster),
         ((VERIFIER,), core + verify),
     ):
         modules = allowed | installed_modules(requirements)

@@ -26,12 +26,26 @@ compromise is from the compromise to the first alert after it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, get_args
 
+from dpu_limiter.client import LimiterClient
 from dpu_limiter.reconciler import DpuAgent
 from dpu_limiter.units import MAX_FRAME_BYTES
+from dpu_verifier.evidence import (
+    DIRECTIONS,
+    CapTerms,
+    EvidenceWriter,
+    ProbeResult,
+    WindowFigures,
+    generate_key,
+    load_public_key,
+    load_signer,
+    verify_bundle,
+)
 
 from . import measure
 from .config import AuditCheck, Scenario
@@ -65,8 +79,32 @@ class Probe:
     last: int = 0
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What the control plane's API says of the fleet at a tick, for the evidence: the pipeline it
+    installs, each pod's DPUs' pipelines as last read back, and its change log's head."""
+
+    expected_pipeline: str
+    pipelines: dict[str, dict[str, str]]  # pod -> DPU -> SHA-256 ("" not read yet)
+    change_log: tuple[int, str]
+
+
+async def api_facts(address: str) -> Facts:
+    """The Facts, through the control plane's API (GetStatus and ListDpus)."""
+    async with LimiterClient(address) as client:
+        status, dpus = await client.status(), await client.list_dpus()
+    read = {d.name: d.pipeline_sha256 for d in status.dpus}
+    pipelines: dict[str, dict[str, str]] = {}
+    for d in dpus:
+        pipelines.setdefault(d.pod, {})[d.name] = read.get(d.name, "")
+    return Facts(status.expected_pipeline_sha256, pipelines, (status.change_log_seq, status.change_log_hash))
+
+
 class DeviceView(Protocol):
     """How the audit reaches the DPUs: through the control plane's agents, or its API."""
+
+    async def facts(self) -> Facts:
+        """The control plane's pipeline, the DPUs' as read back, and its change log's head."""
 
     async def read_back(self) -> list[tuple[str, str]]:
         """Read every DPU back against desired state; (DPU, what differed) for each new finding, corrected."""
@@ -81,7 +119,12 @@ class AgentView:
     """The control plane's own agents, in process (virtual time): read-back includes the pipeline's hash."""
 
     agents: dict[str, DpuAgent]
+    address: str  # the control plane's API, for the evidence's facts
     _drift: dict[str, int] = field(default_factory=dict)
+
+    async def facts(self) -> Facts:
+        """Through the API, as a verifier beside the control plane would read them."""
+        return await api_facts(self.address)
 
     async def read_back(self) -> list[tuple[str, str]]:
         """Hash each DPU's pipeline and read its entries and meters back; reinstall or correct."""
@@ -144,6 +187,14 @@ class Auditor:
     # a shortfall in one interval that comes back as an excess in the next; a lie errs one way throughout.
     persist: int = 1
     _streak: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # (which way off, intervals)
+    # Where each tick's figures are signed, one record per capped pod and direction (dpu_verifier.evidence).
+    evidence: EvidenceWriter | None = None
+    _since: float = 0.0  # the last tick's time: where the next records' windows start
+    # This tick's balance per (pod, direction): the router's count (most), its spread (most - least),
+    # what the DPUs said (None: unread), and the slack conservation allows.
+    _drawn: dict[tuple[str, str], tuple[int, int, int | None, int]] = field(default_factory=dict)
+    _probed: dict[str, ProbeResult] = field(default_factory=dict)  # pod -> this tick's probe burst
+    _signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
 
     def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
         if (check, where) not in self._flagged:
@@ -160,12 +211,16 @@ class Auditor:
             await self._conservation(t_s)
         if "probe" in self.checks:
             self._probe(t_s)
+        if self.evidence is not None:
+            await self._sign(t_s)
+        self._since = t_s
 
     def _probe(self, t_s: float) -> None:
         # Each interval's burst ends before the tick, so what arrived since the last tick is one burst.
         for p in self.probes:
             now = p.received.get(p.port, 0)
             got, p.last = now - p.last, now
+            self._probed[p.pod] = ProbeResult(p.offered_bytes, got, p.allowance_bytes)
             if got > p.allowance_bytes:
                 self._alert(
                     t_s,
@@ -228,10 +283,11 @@ class Auditor:
                 now = (before.get(key, 0), after.get(key, 0), reported.get(key, 0))
                 last = self._balance.get(key, (0, 0, 0))
                 self._balance[key] = now
-                if cap.pod in unsure:
-                    continue
                 least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
                 slack = self.slack_bytes + int(most * self.slack_ratio)
+                self._drawn[key] = (most, most - least, None if cap.pod in unsure else said, slack)
+                if cap.pod in unsure:
+                    continue
                 off = -1 if said < least - slack else 1 if said > most + slack else 0
                 way, n = self._streak.get(key, (0, 0))
                 self._streak[key] = (off, n + 1 if off == way else 1) if off else (0, 0)
@@ -245,6 +301,78 @@ class Auditor:
                         f"since the last check the router counted {counted} bytes, the pod's DPUs say they "
                         f"{verb} it {said}",
                     )
+
+    async def _sign(self, t_s: float) -> None:
+        """Sign this tick's figures: one record per capped pod and direction, for (last tick, t_s]."""
+        assert self.evidence is not None
+        facts = await self.view.facts()
+        for cap in self.scenario.caps:
+            for direction, rate in directions(*self.scenario.peak_rates(cap.pod)):
+                key = (cap.pod, direction)
+                tl = self.router.get(key)
+                counted, worst = 0, 0
+                if tl is not None and tl.bins:
+                    first = tl.t0(0.0)
+                    lo = max(0, math.floor((self._since - cap.window_s - first) / tl.bin_s + 1e-9))
+                    mid = max(0, math.floor((self._since - first) / tl.bin_s + 1e-9))
+                    hi = max(0, math.floor((t_s - first) / tl.bin_s + 1e-9))
+                    counted = sum(tl.bins[mid:hi])
+                    if direction == "egress" and hi > lo:
+                        worst = measure.max_window_bytes(0.0, tl.bin_s, tl.bins[lo:hi], cap.window_s)
+                router, spread, said, slack = self._drawn.pop(key, (counted, 0, None, 0))
+                probe = self._probed.pop(cap.pod, None) if direction == "egress" else None
+                verdict = self.evidence.window(
+                    WindowFigures(
+                        pod=cap.pod,
+                        direction=direction,
+                        start=self._since,
+                        end=t_s,
+                        cap=CapTerms(rate, cap.window_s, cap.bucket_bytes(), cap.mode),
+                        change_log_seq=facts.change_log[0],
+                        change_log_hash=facts.change_log[1],
+                        router_bytes=router,
+                        # What the router sees heading into a pod has not crossed its DPUs yet (_router_count).
+                        router_worst_bytes=worst if direction == "egress" else None,
+                        router_slack_bytes=int(rate * self.count_slack_s / 8),
+                        dpu_bytes=said,
+                        conservation_slack_bytes=slack + spread,
+                        pipeline_expected=facts.expected_pipeline,
+                        pipelines=facts.pipelines.get(cap.pod, {}),
+                        probes=(probe,) if probe is not None else (),
+                    )
+                )
+                self._signed.append((t_s, f"{cap.pod} {direction}", verdict))
+
+    def open_evidence(self, directory: Path) -> None:
+        """Sign every tick's figures into a bundle in `directory`, with a key made for the run (a site's
+        verifier keeps one key; a lab run's is beside its bundle, as `verifier.key` and `verifier.key.pub`)."""
+        key = directory / "verifier.key"
+        directory.mkdir(parents=True, exist_ok=True)
+        generate_key(key)
+        scope = [(c.pod, d) for c in self.scenario.caps for d in DIRECTIONS]
+        self.evidence = EvidenceWriter(directory, load_signer(key), scope, self._since)
+
+    def close_evidence(self) -> dict[str, Any]:
+        """Close the bundle and check it as a third party would (report.json's `audit.evidence`): whether it
+        verifies, its windows by verdict, and when each place's first violated window ended."""
+        assert self.evidence is not None
+        self.evidence.close(self._since)
+        directory = self.evidence.path.parent
+        pub = directory / "verifier.key.pub"
+        result = verify_bundle(directory, load_public_key(pub))
+        first: dict[str, float] = {}
+        for t, where, verdict in self._signed:
+            if verdict == "violated":
+                first.setdefault(where, t)
+        return {
+            "bundle": str(directory),
+            "public_key": str(pub),
+            "verified": result.ok,
+            "problem": result.problem,
+            "windows": result.windows,
+            "verdicts": result.verdicts,
+            "first_violated_s": first,
+        }
 
     def summary(
         self, interval_s: float, compromises: list[dict[str, Any]], violations: Collection[str] = ()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES
 
-from .audit import PROBE_PORT, Auditor, Probe
+from .audit import PROBE_PORT, Auditor, Facts, Probe, api_facts
 from .config import Scenario, probe_allowance_bytes
 from .netns import entered
 from .traffic import UDP_HEADER, UDP_OVERHEAD_BYTES, Timeline
@@ -57,6 +57,10 @@ class ApiView:
 
     address: str
     _drift: dict[str, int] = field(default_factory=dict)
+
+    async def facts(self) -> Facts:
+        """The control plane's pipeline, the DPUs' as read back, and its change log's head."""
+        return await api_facts(self.address)
 
     async def read_back(self) -> list[tuple[str, str]]:
         """New drift corrections of the control plane's periodic read-back, per DPU."""

@@ -276,12 +276,13 @@ class VirtualLabRun:
         rebalancing = [c.pod for c in sc.caps if c.rebalance]
         auditor = None
         if sc.audit is not None:
-            view = AgentView({name: plane.service.agents[name] for name in devices})
+            view = AgentView({name: plane.service.agents[name] for name in devices}, plane.address)
             # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
             largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
             auditor = Auditor(
                 sc, net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
             )
+            auditor.open_evidence(self.out_dir / "evidence")
         plan = _stops(
             sc,
             end_ns,
@@ -372,6 +373,7 @@ class VirtualLabRun:
             compromises = [e for e in events if e["action"] == "compromise"]
             broken = {f"{r.pod} {r.direction}" for r in report.results if not r.compliant}
             report.audit = auditor.summary(sc.audit.interval_s, compromises, broken)
+            report.audit["evidence"] = auditor.close_evidence()
             found = report.audit["alerts"]
             self._say(
                 f"audit: {len(found)} alert(s)"

@@ -254,12 +254,19 @@ class LimiterApi(pb_grpc.LimiterServicer):
         generation, rows = self.service.state.generation, self.service.status()
         # A row per DPU of the fleet: the message is built off the event loop, which meanwhile keeps
         # renewing leases and answering other calls.
-        return await asyncio.to_thread(_status_response, generation, rows)
+        head = self.service.store.head
+        out = pb.GetStatusResponse(
+            generation=generation,
+            expected_pipeline_sha256=self.service.expected_pipeline_sha256,
+            change_log_seq=head[0],
+            change_log_hash=head[1],
+        )
+        return await asyncio.to_thread(_status_rows, out, rows)
 
 
-def _status_response(generation: int, rows: list[DpuState]) -> pb.GetStatusResponse:
-    """The GetStatus answer (rows added in place: building each message and copying it in costs twice)."""
-    out = pb.GetStatusResponse(generation=generation)
+def _status_rows(out: pb.GetStatusResponse, rows: list[DpuState]) -> pb.GetStatusResponse:
+    """The GetStatus answer with a row per DPU (added in place: building each message and copying it in
+    costs twice)."""
     add = out.dpus.add
     for r in rows:
         add(
@@ -275,6 +282,7 @@ def _status_response(generation: int, rows: list[DpuState]) -> pb.GetStatusRespo
             lease_generation=r.lease_generation,
             lease_age_s=r.lease_age_s,
             lease_lifetime_s=r.lease_lifetime_s,
+            pipeline_sha256=r.pipeline_sha256,
         )
     return out
 

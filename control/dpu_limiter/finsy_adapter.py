@@ -48,7 +48,7 @@ RELIED_ON_INSTANCE: tuple[tuple[type, tuple[str, ...]], ...] = (
 
 
 @functools.cache
-def _schema(program: dp.ProgramFiles) -> fy.P4Schema:
+def schema(program: dp.ProgramFiles) -> fy.P4Schema:
     """The program's P4Schema, parsed once per process (parsing the P4Info text and hashing the
     device config takes milliseconds: thousands of agents start at once)."""
     return fy.P4Schema(program.p4info, program.bmv2_json.read_bytes())
@@ -73,7 +73,7 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         # instead (a shallow copy: the P4Runtime version a switch reports is set on its own copy).
         super().__init__(name, address, dataclasses.replace(options, p4info=None, p4blob=None))
         self._options = options
-        self._p4schema = copy.copy(_schema(program))
+        self._p4schema = copy.copy(schema(program))
         self.installs = installs
         self.on_failure = on_failure
         self.on_install = on_install

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
 import math
@@ -90,6 +91,7 @@ class AgentStatus:
     drift_corrections: int = 0  # times the DPU held something else than what was last applied
     last_drift: str = ""
     lease_generation: int | None = None  # the lease generation a read-back last confirmed (None: never)
+    pipeline_sha256: str = ""  # the pipeline's hash as the DPU last said (pipeline_digest; "": never read)
 
 
 class DpuAgent:
@@ -139,6 +141,7 @@ class DpuAgent:
         # The epoch of the last lease this agent placed, kept across connections: an instance with another
         # began after it, and may not pass metered traffic in the same window as that lease did.
         self._leased_epoch: int | None = None
+        self._seen_epoch: int | None = None  # the epoch the last echo found or armed, kept across connections
         # Whether the DPU may have passed metered traffic under a lease (this agent's, or, for a DPU that
         # held a share when the control plane started, a predecessor's), and when a pipeline was last
         # loaded on it: a DPU that comes back with its state lost (power-cycled) gets no lease until what
@@ -512,11 +515,12 @@ class DpuAgent:
             await packets.aclose()
         t1 = time.monotonic()
         now_us, found, armed_at = int(pkt[dp.ECHO_NOW]), int(pkt[dp.ECHO_EPOCH]), int(pkt[dp.ECHO_ARMED_AT])
-        if found != self._leased_epoch:
+        if found not in (self._leased_epoch, self._seen_epoch):
             # Not the instance this agent last leased (or, new to this DPU, any instance a predecessor may
-            # have leased): it began (now_us - armed_at) us ago on the DPU's clock, the one windows run on.
+            # have leased), and new to this agent: it began (now_us - armed_at) us ago on the DPU's clock,
+            # the one windows run on. Once per instance: later echoes of it leave the hold where it is.
             self._state_lost(t1 - max(0, now_us - armed_at) * 1e-6)
-        self._epoch = found or candidate
+        self._epoch = self._seen_epoch = found or candidate
         if now_us < self._last_echo_us:
             self._placed = None
             raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")
@@ -531,12 +535,12 @@ class DpuAgent:
     async def pipeline_digest(self) -> str:
         """SHA-256 of the pipeline the DPU says it runs (P4Info and device config), as read back."""
         config = await finsy_adapter.pipeline_config(self.switch)
-        return digest(config.p4info, config.p4_device_config)
+        self.status.pipeline_sha256 = digest(config.p4info, config.p4_device_config)
+        return self.status.pipeline_sha256
 
     def expected_digest(self) -> str:
         """SHA-256 of the pipeline this agent installs."""
-        config = self.switch.p4info.get_pipeline_config()
-        return digest(config.p4info, config.p4_device_config)
+        return program_digest(self._program)
 
     async def reinstall_pipeline(self) -> None:
         """Load our pipeline again, whatever cookie the DPU shows, then put everything back."""
@@ -564,6 +568,13 @@ class DpuAgent:
                 d[name] = cells.get((dp.COLOR_COUNTER, cell * 8 + k), (0, 0))
             out[direction] = d
         return out
+
+
+@functools.cache
+def program_digest(program: dp.ProgramFiles) -> str:
+    """SHA-256 of the pipeline config that agents install for `program` (as `digest` hashes one read back)."""
+    config = finsy_adapter.schema(program).get_pipeline_config()
+    return digest(config.p4info, config.p4_device_config)
 
 
 def digest(p4info: p4i.P4Info, device_config: bytes) -> str:

@@ -37,7 +37,7 @@ from .models import (
     Router,
 )
 from .planning import dpu_layers, overlapping, planned_apply, planned_delete, pod_members
-from .reconciler import DpuAgent, Slots
+from .reconciler import DpuAgent, Slots, program_digest
 from .settings import Settings
 from .store import Store
 from .usage import DirectionUsage, usage_row
@@ -78,6 +78,7 @@ class LimiterService:
         self._leaser: asyncio.Task[None] | None = None
         self.p4runtime_tls = settings.p4runtime_tls
         self.program = settings.program or dp.limiter_program()
+        self.expected_pipeline_sha256 = program_digest(self.program)  # what every DPU should say it runs
         self.election_id = settings.election_id
         self.state: DesiredState = store.load()
         self.agents: dict[str, DpuAgent] = {}
@@ -710,6 +711,7 @@ class LimiterService:
                     st.drift_corrections,
                     st.last_drift,
                     *lease,
+                    st.pipeline_sha256,
                 )
             )
         return out
@@ -795,6 +797,7 @@ class DpuState(NamedTuple):
     lease_generation: int
     lease_age_s: float
     lease_lifetime_s: float
+    pipeline_sha256: str  # as last read back ("" never)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ class Store:
         # PRAGMA data_version when the tables last matched the log (None: not checked, as for a file
         # opened only to be read or repaired). It changes when another connection commits.
         self._bound: int | None = None
+        row = self._db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        # The change log's head (last record's sequence number and hash), as this store last wrote or read it.
+        self.head: tuple[int, str] = (row[0], row[1]) if row else (0, audit.GENESIS)
 
     def _migrate(self) -> None:
         # State files from before a column existed get it with its default.
@@ -113,6 +116,7 @@ class Store:
             for c in todo:
                 action, obj, payload = _apply_change(cur, c)
                 head = self._append_audit(cur, head, actor, action, obj, {**payload, "generation": gen})
+        self.head = head
         return gen
 
     @staticmethod

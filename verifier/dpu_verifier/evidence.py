@@ -85,7 +85,9 @@ class WindowFigures:
     change_log_seq: int  # the control plane's change-log head when the window ended
     change_log_hash: str
     router_bytes: int  # every byte of every frame the router counted on the pod's link in the window
-    router_worst_bytes: int  # the most it counted in any window of the cap's length ending in this one
+    # The most it counted in any window of the cap's length ending in this one; None where the router's
+    # count is not the cap's to judge (ingress: what heads into a pod has not crossed its DPUs yet).
+    router_worst_bytes: int | None
     router_slack_bytes: int  # what the router's sampling may add (its counters read at intervals)
     dpu_bytes: int | None  # what the pod's DPUs say they passed (egress) or metered (ingress); None: unread
     conservation_slack_bytes: int
@@ -98,7 +100,7 @@ def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
     """Each check's result for a window's figures, and the verdict: violated if any check fails, held if
     all pass, unverified otherwise. The one rule for the verifier that signs and for anyone who checks."""
     checks: dict[str, Check] = {}
-    if f.cap is not None:
+    if f.cap is not None and f.router_worst_bytes is not None:
         checks["cap"] = "pass" if f.router_worst_bytes <= f.cap.allowance_bytes() + f.router_slack_bytes else "fail"
     if f.dpu_bytes is None:
         checks["conservation"] = "unverified"

@@ -8,6 +8,8 @@ one and tightens the other must not.
 
 from __future__ import annotations
 
+import dataclasses
+
 import finsy as fy
 import pytest
 from finsy.proto import p4r
@@ -94,3 +96,17 @@ def test_first_install_sets_budgets_before_meters(codec: dp.Codec) -> None:
     assert plan.windows_with_meters
     batches = kinds(plan.batches())
     assert batches[0] == ["meter_entry", "table_entry"]
+
+
+def test_a_lease_taken_away_goes_first_alone(codec: dp.Codec) -> None:
+    """A fifth red team: a new window (its slot counters afresh) written one Write before the lease was taken
+    away passed 13 frames in 1.5 ms under the old lease. The revocation goes first; a lease given goes last."""
+    leased = dataclasses.replace(intent(1000, 60_000, 60), lease=dp.Lease(3, 100.0, 5_000_000, 9))
+    held = holding(codec, leased)
+    revoked = codec.plan(intent(1000, 60_000, 30), held).batches()  # another window, and no lease (a hold)
+    lease_table = codec.schema.tables[dp.TABLE_LEASE].id
+    assert [u.entity.table_entry.table_id for u in revoked[0]] == [lease_table]
+    assert all(u.entity.table_entry.table_id != lease_table for b in revoked[1:] for u in b)
+    renewed = dataclasses.replace(leased, lease=dp.Lease(4, 110.0, 6_000_000, 9))
+    granted = codec.plan(renewed, holding(codec, intent(1000, 60_000, 30))).batches()
+    assert [u.entity.table_entry.table_id for u in granted[-1]] == [lease_table]

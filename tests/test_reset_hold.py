@@ -24,10 +24,12 @@ from conftest import register
 from dpu_limiter import dataplane as dp
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, Pod, Role
+from dpu_limiter.reconciler import ELECTION_ID
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
-from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
+from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES, allowed_window_bytes, default_burst_bytes
 from p4rt_helpers import A_HOST, B_HOST, udp
+from p4sim.externs import Clock
 from p4sim.firmware import clone
 from p4sim.server import Device, P4RuntimeService
 
@@ -40,9 +42,9 @@ WINDOW_S = 12.0
 RATE_BPS = 1e6  # 1,500,000 bytes per window
 
 
-async def serve(port: int = 0) -> tuple[Device, grpc.aio.Server, int]:
-    """A fresh embedded target (no pipeline, its clock at zero) on loopback."""
-    device = Device(1, cpu_port=CPU_PORT)
+async def serve(port: int = 0, running_s: float = 0.0) -> tuple[Device, grpc.aio.Server, int]:
+    """A fresh embedded target (no pipeline; its clock at zero, or at `running_s`) on loopback."""
+    device = Device(1, clock=Clock(running_s), cpu_port=CPU_PORT)
     server = grpc.aio.server()
     p4r_grpc.add_P4RuntimeServicer_to_server(P4RuntimeService(device), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port(f"127.0.0.1:{port}")
@@ -60,15 +62,16 @@ async def spend(device: Device, crossed: list[float], deadline: float, idle_s: f
 
 
 @contextlib.asynccontextmanager
-async def window_capped(tmp_path: Path, port: int) -> AsyncIterator[LimiterClient]:
-    """A control plane with pod a capped in window mode (RATE_BPS x WINDOW_S), its DPU at `port` converged."""
+async def window_capped(tmp_path: Path, port: int, mode: str = "window") -> AsyncIterator[LimiterClient]:
+    """A control plane with pod a capped in window mode (RATE_BPS x WINDOW_S; or in `mode`), its DPU at `port`
+    converged."""
     plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
             await c.apply_pod("a", ["10.0.1.0/24"])
             await register(c, "dpu-a", f"127.0.0.1:{port}")
-            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
+            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode=mode)
             assert await c.wait_converged(timeout=30)
             yield c
     finally:
@@ -152,25 +155,79 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
     assert after[0] - crossed[spent - 1] >= WINDOW_S
 
 
-async def test_shortening_a_window_does_not_forget_what_the_longer_one_counted(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "how", ["shortened", "lengthened-through-the-floor", "lengthened-through-rate-mode", "from-rate-mode"]
+)
+async def test_a_changed_window_does_not_forget_what_the_old_one_counted(tmp_path: Path, how: str) -> None:
     """The slot counters' tags depend on the window's length, so a changed window starts counting afresh
-    (a red team: 14,967,000 B in 20 s against 10,000,000). Spend the budget of a 12 s window, shorten it to
-    6 s at the same rate: nothing passes until no 12 s window holds bytes from both sides of the change."""
-    device, server, port = await serve()
+    (a red team: 14,967,000 B in 20 s against 10,000,000). Spend the budget of a 12 s window and shorten it
+    to 6 s, or lengthen it to 24 s with the floor or rate mode in between (a fifth red team: 4,461,844 B in
+    24 s against 3,000,000), or spend rate mode's and move to a 12 s window (2,588,328 B in 12 s against
+    1,500,000): nothing passes until no window of either length holds bytes from both sides. On a target
+    whose clock has run for a day: on a young one, slot numbers are small and hid the lengthening."""
+    device, server, port = await serve(running_s=86400)
     crossed: list[float] = []
+    longest = 2 * WINDOW_S if how.startswith("lengthened") else WINDOW_S
     try:
-        async with window_capped(tmp_path, port) as c:
-            await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
+        async with window_capped(tmp_path, port, "rate" if how == "from-rate-mode" else "window") as c:
+            if how == "from-rate-mode":
+                await spend(device, crossed, time.monotonic() + WINDOW_S)  # its rate for a window
+            else:
+                await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
             spent = len(crossed)
-            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S / 2, mode="window")
-            await offer_for_a_window(device, crossed, spent, 40)
+            if how == "lengthened-through-the-floor":
+                await c.delete(caps=["a"])
+            elif how == "lengthened-through-rate-mode":
+                await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S)
+            window = {"shortened": WINDOW_S / 2, "from-rate-mode": WINDOW_S}.get(how, 2 * WINDOW_S)
+            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, window, mode="window")
+            await offer_for_a_window(device, crossed, spent, 40 + longest)
     finally:
         await server.stop(grace=0)
     after = crossed[spent:]
-    assert after, "the DPU never passed metered traffic under the shorter window"
+    assert after, "the DPU never passed metered traffic under the new window"
     budget_frames = int(RATE_BPS / 8 * WINDOW_S) // len(OUT)
-    assert most_in_a_window(crossed, WINDOW_S) <= budget_frames + 1
-    assert most_in_a_window(after, WINDOW_S / 2) <= budget_frames // 2 + 1
+    rate_frames = allowed_window_bytes(RATE_BPS, WINDOW_S, default_burst_bytes(RATE_BPS)) // len(OUT)
+    if how.startswith("lengthened"):  # the new window may pass its own budget in 12 s: judged over 24 s
+        assert most_in_a_window(crossed, longest) <= 2 * budget_frames + 1
+    else:
+        assert most_in_a_window(crossed, WINDOW_S) <= max(budget_frames, rate_frames) + 1
+    assert most_in_a_window(after, window) <= int(RATE_BPS / 8 * window) // len(OUT) + 1
+
+
+async def test_a_second_control_plane_with_a_state_of_its_own_holds_too(tmp_path: Path) -> None:
+    """A fifth red team: the power-cycled DPU armed by the first control plane, a second one (a state file of
+    its own, so no share it granted before, and a higher election id) takes it over and found an epoch it
+    did not arm: it may have been leased, whatever the second one's state says (2,973,868 B in 12 s against
+    1,500,000 before)."""
+    device, server, port = await serve(running_s=86400)
+    crossed: list[float] = []
+    try:
+        async with window_capped(tmp_path, port):
+            await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
+            spent, old = len(crossed), device.pipeline
+            assert old is not None
+            await server.stop(grace=0)
+            fresh, server, _ = await serve(port, running_s=86400)
+            fresh.pipeline = clone(fresh, old, registers=False)
+            epoch = fresh.pipeline.program.registers["LimiterIngress.lease_epoch"]
+            async with asyncio.timeout(30):
+                while not epoch.read(0):  # the first control plane's agent is back and armed it
+                    await asyncio.sleep(0.05)
+            second = ControlPlane(tmp_path / "second.db", settings=Settings(lease_s=1.5, election_id=ELECTION_ID + 7))
+            await second.start()
+            try:
+                async with LimiterClient(second.address) as c2:
+                    await c2.apply_pod("a", ["10.0.1.0/24"])
+                    await register(c2, "dpu-a", f"127.0.0.1:{port}")
+                    await c2.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
+                await offer_for_a_window(fresh, crossed, spent, 60)
+            finally:
+                await second.stop()
+    finally:
+        await server.stop(grace=0)
+    assert crossed[spent:], "the DPU never passed metered traffic again"
+    assert most_in_a_window(crossed, WINDOW_S) <= int(RATE_BPS / 8 * WINDOW_S) // len(OUT) + 1
 
 
 def test_the_hold_after_a_reset_is_the_window_or_the_time_a_bucket_takes_to_fill() -> None:

@@ -370,6 +370,7 @@ class Plan:
     # Every window budget set and meter rewritten moves the same way (all tighten or all loosen):
     # then they can share the meters' batch, since any part of it applied lies between before and after.
     windows_with_meters: bool = False
+    revokes_lease: bool = False  # the lease update takes the lease away (NoAction): it goes first
 
     def describe(self) -> str:
         """What the plan restores, for drift reports."""
@@ -407,6 +408,10 @@ class Plan:
         only once it holds the rest of the intent that came with it, so a DPU that cannot apply a
         smaller share keeps no lease granted after it, and falls to its floor when the deadline of
         the last one granted before passes (the control plane lets a pod's other DPUs grow then).
+        A lease taken away goes first instead, alone, before anything else moves: a window written
+        before it (its slot counters start afresh) would pass a fresh budget under the old lease for
+        a round trip, or a whole lease if the revoking write then failed (a red team: 13 frames in
+        1.5 ms on the embedded target).
         """
         ins, mod, dele = p4r.Update.INSERT, p4r.Update.MODIFY, p4r.Update.DELETE
 
@@ -425,6 +430,8 @@ class Plan:
             tables((dele, self.delete_boundary), (dele, self.delete_windows)),
             tables((mod, self.lease)),
         ]
+        if self.revokes_lease:
+            steps.insert(0, steps.pop())
         return [step for step in steps if step]
 
 
@@ -576,6 +583,7 @@ class Codec:
             modify_windows=modify_windows,
             meters=[self.meter(cell, intent.meters[cell]) for cell in cells],
             lease=[] if lease is None or held.lease == lease.action else [lease],
+            revokes_lease=intent.lease is None and self.leased(held),
             insert_exemptions=inserts(TABLE_SRC_IN_POD)
             + inserts(TABLE_DST_IN_POD)
             + inserts(TABLE_PEERS)

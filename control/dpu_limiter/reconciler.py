@@ -150,6 +150,7 @@ class DpuAgent:
         self._lease_out = leased_before  # whether the DPU should hold a lease now (the last one applied had one)
         self._reset_at = -math.inf
         self._window_change_seen: dict[int, tuple[int, int]] | None = None  # the windows last held for
+        self._leased_source: dp.Intent | None = None  # the last intent applied with a lease (as intent_fn gave it)
 
     def _failed(self, exc: Exception) -> None:
         self.status.last_error = f"connection: {exc}"
@@ -419,6 +420,7 @@ class DpuAgent:
         self._applied_intent, self._applied_source = intent, source
         self._lease_out = intent.lease is not None
         if intent.lease is not None:
+            self._leased_source = source
             self.status.lease_generation = intent.lease.gen
             self._leased_before = True
         if self.on_applied is not None:
@@ -432,8 +434,11 @@ class DpuAgent:
         so the new window forgets what the old one counted: a red team spent a 20 s window's budget and,
         the window shortened, half of it again at once (14,967,000 B in 20 s against 10,000,000). As after
         a reset, nothing passes until neither window can hold bytes from both sides of the change."""
-        before = self._applied_source
-        if before is None or before.lease is None or source.windows == before.windows:
+        # Against the last intent applied with a lease: a floor in between (a cap deleted and set again,
+        # or a move between modes, which the service floors first) passes nothing, but forgets nothing
+        # either (a red team lengthened a window through the floor: 4,461,844 B in 24 s against 3,000,000).
+        before = self._leased_source
+        if before is None or source.windows == before.windows:
             return
         if all(before.windows.get(cell, (0, 0))[1] == mult for cell, (_, mult) in source.windows.items()):
             return  # budgets moved, windows kept: the slots still count
@@ -519,6 +524,11 @@ class DpuAgent:
             # Not the instance this agent last leased (or, new to this DPU, any instance a predecessor may
             # have leased), and new to this agent: it began (now_us - armed_at) us ago on the DPU's clock,
             # the one windows run on. Once per instance: later echoes of it leave the hold where it is.
+            if found:
+                # Armed by an echo this agent did not see answered: another control plane's, which may
+                # have leased it whatever this one's state says (a red team: a second control plane with
+                # a state file of its own passed a second budget), or this agent's own, reply lost.
+                self._leased_before = True
             self._state_lost(t1 - max(0, now_us - armed_at) * 1e-6)
         self._epoch = self._seen_epoch = found or candidate
         if now_us < self._last_echo_us:

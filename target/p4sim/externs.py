@@ -17,8 +17,9 @@ class Clock:
 
     realtime = True  # it moves by itself, so timeouts on it can be waited for in wall-clock time
 
-    def __init__(self) -> None:
-        self._origin = time.monotonic_ns()
+    def __init__(self, running_s: float = 0.0) -> None:
+        """A clock that reads `running_s` seconds now, as a target started that long ago would."""
+        self._origin = time.monotonic_ns() - int(running_s * 1e9)
 
     def now_us(self) -> int:
         """Microseconds since the origin."""

@@ -108,6 +108,7 @@ class DpuAgent:
         pipeline_check_s: float = PIPELINE_CHECK_S,
         slots: Slots | None = None,
         leased_before: bool = False,
+        hold_until: float = -math.inf,
     ) -> None:
         self.dpu = dpu
         self.slots = slots or Slots()
@@ -149,6 +150,8 @@ class DpuAgent:
         self._leased_before = leased_before
         self._lease_out = leased_before  # whether the DPU should hold a lease now (the last one applied had one)
         self._reset_at = -math.inf
+        self._hold_until = hold_until  # no lease before then (monotonic): a window change's hold
+        self.on_hold: Callable[[float], None] | None = None  # told when a window change holds it, and until when
         self._window_change_seen: dict[int, tuple[int, int]] | None = None  # the windows last held for
         self._leased_source: dp.Intent | None = None  # the last intent applied with a lease (as intent_fn gave it)
 
@@ -446,14 +449,16 @@ class DpuAgent:
             return  # already held for this change (a retried pass)
         self._window_change_seen = source.windows
         LOG.warning("%s: a window changed: no lease until neither window spans the change", self.dpu.name)
-        # _holding waits hold_after_reset_s(the new intent) from _reset_at: as long as the longer of the two.
-        self._state_lost(time.monotonic() + max(0.0, dp.hold_after_reset_s(before) - dp.hold_after_reset_s(source)))
+        hold = max(dp.hold_after_reset_s(before), dp.hold_after_reset_s(source))
+        self._hold_until = max(self._hold_until, time.monotonic() + hold)
+        if self.on_hold is not None:
+            self.on_hold(self._hold_until)  # stored: a control plane restarted meanwhile keeps holding
 
     def _holding(self, intent: dp.Intent) -> bool:
         """Whether the DPU's state was lost too recently for a lease: it may have spent its whole budget
         (or bucket) just before, and now holds a fresh one. No lease until that has aged out of every
         window, as if it had spent it at the moment of the loss."""
-        wait = self._reset_at + dp.hold_after_reset_s(intent) - time.monotonic()
+        wait = max(self._reset_at + dp.hold_after_reset_s(intent), self._hold_until) - time.monotonic()
         if wait > 0:
             LOG.warning("%s: its state was lost; no lease for %.1f s more", self.dpu.name, wait)
             # Reconcile again as the hold ends: the lease comes then, not at the next renewal.

@@ -112,6 +112,11 @@ class LimiterService:
         self._holds = Batched(store.hold_growth)
         self._saved_grants = Batched(store.save_grants)
         self._releases = Batched(store.release_growth)
+        # Window changes' lease holds (reconciler._on_window_change), stored as they start and given back
+        # to the agents of a control plane started before they end (monotonic, by DPU).
+        self._store_lease_holds = Batched(store.hold_leases)
+        self._lease_holds: dict[str, float] = {}
+        self._storing: set[asyncio.Task[list[None]]] = set()
         self.rebalance_interval_s = settings.rebalance_interval_s
         self.rebalance_loop = settings.rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
         self._rebalancer: asyncio.Task[None] | None = None
@@ -133,6 +138,9 @@ class LimiterService:
             LOG.warning(
                 "pod %s: shares were moving when the last control plane stopped: grows in %.1f s", pod, until - wall
             )
+        for name, until in (await asyncio.to_thread(self.store.lease_holds, wall)).items():
+            self._lease_holds[name] = mono + (until - wall)
+            LOG.warning("%s: a window change's hold is running: no lease for %.1f s", name, until - wall)
         for k, dpu in enumerate(list(self.state.dpus.values()), 1):
             self._start_agent(dpu)
             if k % BATCH == 0:
@@ -186,10 +194,18 @@ class LimiterService:
             self.slots,
             # A share granted before (stored, or this control plane's) may have come with a lease.
             leased_before=self.shares.get(dpu.name) is not None,
+            hold_until=self._lease_holds.pop(dpu.name, -math.inf),
         )
         agent.on_applied = functools.partial(self._aged, dpu.name)
+        agent.on_hold = functools.partial(self._hold_lease, dpu.name)
         self.agents[dpu.name] = agent
         self._to_start.append(agent)
+
+    def _hold_lease(self, name: str, until: float) -> None:
+        """Store a DPU's lease hold (until: monotonic) for a control plane started before it ends."""
+        task = asyncio.create_task(self._store_lease_holds([(name, time.time() + (until - time.monotonic()))]))
+        self._storing.add(task)
+        task.add_done_callback(self._storing.discard)
 
     def _start_agents(self) -> None:
         """Start the agents made since (once the write that made them is done with the loop)."""

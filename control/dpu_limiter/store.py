@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE TABLE IF NOT EXISTS routers (name TEXT PRIMARY KEY, pods TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS grants (dpu TEXT PRIMARY KEY, share TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS growth_holds (id INTEGER PRIMARY KEY, pod TEXT NOT NULL, until REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS lease_holds (dpu TEXT PRIMARY KEY, until REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
     pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
     window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
@@ -210,6 +211,25 @@ class Store:
                 assert cur.lastrowid is not None
                 ids.append(cur.lastrowid)
         return ids
+
+    def hold_leases(self, holds: list[tuple[str, float]]) -> list[None]:
+        """Record, in one transaction, that each (dpu, until) DPU may hold no lease before `until`
+        (time.time(); the later of two holds stands): a window change's hold, for a control plane
+        restarted before it ends."""
+        with self._writing() as cur:
+            cur.executemany(
+                "INSERT INTO lease_holds(dpu, until) VALUES (?, ?) "
+                "ON CONFLICT(dpu) DO UPDATE SET until = MAX(until, excluded.until)",
+                holds,
+            )
+        return [None] * len(holds)
+
+    def lease_holds(self, now: float) -> dict[str, float]:
+        """Each DPU's lease hold still running at `now` (time.time()); the ended ones are forgotten."""
+        with self._lock:
+            self._db.execute("DELETE FROM lease_holds WHERE until <= ?", (now,))
+            rows = self._db.execute("SELECT dpu, until FROM lease_holds").fetchall()
+        return {dpu: until for dpu, until in rows}
 
     def release_growth(self, holds: list[int]) -> list[None]:
         """Forget holds whose wait is over (one transaction)."""

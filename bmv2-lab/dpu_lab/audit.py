@@ -87,6 +87,9 @@ class Facts:
     expected_pipeline: str
     pipelines: dict[str, dict[str, str]]  # pod -> DPU -> SHA-256 ("" not read yet)
     change_log: tuple[int, str]
+    # pod -> its DPUs' buffer_bytes: what they may hold between meter and wire, counted by the DPU and not
+    # yet by the router (conservation's allowance for bytes in flight, beside the frames on the link)
+    buffers: dict[str, int] = field(default_factory=dict)
 
 
 async def api_facts(address: str) -> Facts:
@@ -95,9 +98,12 @@ async def api_facts(address: str) -> Facts:
         status, dpus = await client.status(), await client.list_dpus()
     read = {d.name: d.pipeline_sha256 for d in status.dpus}
     pipelines: dict[str, dict[str, str]] = {}
+    buffers: dict[str, int] = {}
     for d in dpus:
         pipelines.setdefault(d.pod, {})[d.name] = read.get(d.name, "")
-    return Facts(status.expected_pipeline_sha256, pipelines, (status.change_log_seq, status.change_log_hash))
+        buffers[d.pod] = buffers.get(d.pod, 0) + d.buffer_bytes
+    head = (status.change_log_seq, status.change_log_hash)
+    return Facts(status.expected_pipeline_sha256, pipelines, head, buffers)
 
 
 class DeviceView(Protocol):
@@ -335,7 +341,7 @@ class Auditor:
                         router_worst_bytes=worst if direction == "egress" else None,
                         router_slack_bytes=int(rate * self.count_slack_s / 8),
                         dpu_bytes=said,
-                        conservation_slack_bytes=slack + spread,
+                        conservation_slack_bytes=slack + spread + facts.buffers.get(cap.pod, 0),
                         pipeline_expected=facts.expected_pipeline,
                         pipelines=facts.pipelines.get(cap.pod, {}),
                         probes=(probe,) if probe is not None else (),

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES
@@ -106,6 +107,7 @@ class LiveAudit:
     host_ns: dict[str, str] = field(default_factory=dict)  # host -> its namespace (probe senders)
     spawn: Spawn | None = None  # how probe senders are started (the runner's, which cleans them up)
     run_s: float = 0.0  # an upper bound on the run's length: how long probe senders send
+    evidence_dir: Path | None = None  # where the audit signs its figures (Auditor.open_evidence)
     router: dict[tuple[str, str], Timeline] = field(default_factory=dict)
     auditor: Auditor | None = None
     error: str | None = None
@@ -132,6 +134,8 @@ class LiveAudit:
         )
         if "probe" in self.scenario.audit.checks:
             self.auditor.probes = self._start_probes()
+        if self.evidence_dir is not None:
+            self.auditor.open_evidence(self.evidence_dir)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="live-audit", daemon=True)
         self._thread.start()
 

@@ -146,6 +146,7 @@ class LabRun:
                 self.net.host_ns,
                 lambda name, ns, module, args: self._spawn(name, ns, module, args).popen,
                 self._longest_s(),
+                self.out_dir / "evidence",
             )
             self.live.start()
         phases: list[Phase] = []
@@ -182,6 +183,7 @@ class LabRun:
             broken = {f"{r.pod} {r.direction}" for r in report.results if r.verdict == "no"}
             compromises = [e for e in self.events if e["action"] == "compromise"]
             report.audit = self.live.auditor.summary(sc.audit.interval_s, compromises, broken)
+            report.audit["evidence"] = self.live.auditor.close_evidence()
         report.calibration = self.calibration.as_dict() if self.calibration else None
         report.sealing = sealing_summary(sc, sealing)
         write_report(self.out_dir, report, series)

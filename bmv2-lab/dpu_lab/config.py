@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dpu_limiter.models import NAME_RE, cut, shown
 from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
+from dpu_verifier.checks import AuditCheck
 
 from .frames import CLAIMING, Encap, claimed_dst, host_mac
 from .workloads import WorkloadSpec, expand
@@ -394,7 +395,6 @@ class EventSpec(_Model):
         return self
 
 
-AuditCheck = Literal["read-back", "router-count", "conservation", "probe"]
 # Probes send traffic of their own (part of the pod's cap): a scenario asks for them.
 DEFAULT_CHECKS: list[AuditCheck] = ["read-back", "router-count", "conservation"]
 

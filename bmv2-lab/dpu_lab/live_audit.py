@@ -34,10 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES
+from dpu_verifier.checks import ApiView, Auditor, Probe
 
-from .audit import PROBE_PORT, Auditor, Facts, Probe, api_facts
+from .audit import PROBE_PORT, scope
 from .config import Scenario, probe_allowance_bytes
 from .netns import entered
 from .traffic import UDP_HEADER, UDP_OVERHEAD_BYTES, Timeline
@@ -50,45 +50,6 @@ PROBE_SLACK_BYTES = 4 * MAX_FRAME_BYTES
 
 # Starts a process in a namespace and keeps it for the run's cleanup: (name, namespace, module, args).
 Spawn = Callable[[str, str, str, list[str]], subprocess.Popen[bytes]]
-
-
-@dataclass
-class ApiView:
-    """The DPUs as the control plane's API shows them."""
-
-    address: str
-    _drift: dict[str, int] = field(default_factory=dict)
-
-    async def facts(self) -> Facts:
-        """The control plane's pipeline, the DPUs' as read back, and its change log's head."""
-        return await api_facts(self.address)
-
-    async def read_back(self) -> list[tuple[str, str]]:
-        """New drift corrections of the control plane's periodic read-back, per DPU."""
-        async with LimiterClient(self.address) as client:
-            status = await client.status()
-        found = []
-        for d in status.dpus:
-            if d.drift_corrections > self._drift.get(d.name, 0):
-                found.append((d.name, d.last_drift.partition(": ")[2] or d.last_drift))
-            self._drift[d.name] = d.drift_corrections
-        return found
-
-    async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
-        """Each pod's counters, summed over its DPUs by the control plane."""
-        async with LimiterClient(self.address) as client:
-            usage = await client.usage()
-        out: dict[str, tuple[int, int]] = {}
-        for u in usage.usage:
-            passed, metered = out.get(u.pod, (0, 0))
-            # As audit.passed_and_metered: ARP has a meter of its own (arp_bytes: what it passed).
-            if u.direction == "egress":
-                passed += u.green_bytes + u.yellow_bytes + u.arp_bytes
-            else:
-                metered += u.green_bytes + u.yellow_bytes + u.red_bytes + u.window_bytes + u.lease_bytes + u.arp_bytes
-                metered += u.arp_dropped_bytes
-            out[u.pod] = (passed, metered)
-        return {pod: (pod, counts) for pod, counts in out.items()}
 
 
 # The router's counts so far, per (pod, direction): every frame on each pod's port (boundary.py).
@@ -123,7 +84,7 @@ class LiveAudit:
         """Begin sampling and checking."""
         assert self.scenario.audit is not None
         self.auditor = Auditor(
-            self.scenario,
+            scope(self.scenario),
             self.router,
             ApiView(self.api),
             # A window of sampled bins can be up to two samples longer than the window.

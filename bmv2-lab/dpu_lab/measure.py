@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from dpu_verifier import checks
+
 Series = tuple[float, float, Sequence[int]]
 
 
@@ -28,22 +30,10 @@ def _check_bin(bin_s: float) -> None:
 
 
 def max_window_bytes(t0: float, bin_s: float, bins: Sequence[int], window_s: float) -> int:
-    """Return the most bytes in any window of ``window_s`` whose start is on the bin grid.
-
-    The window covers ``round(window_s / bin_s)`` bins; a series shorter than that yields its
-    total. ``t0`` does not change the result; it is taken so every function has the same
-    series signature.
-    """
-    _check_bin(bin_s)
-    if not window_s >= bin_s:
-        raise ValueError(f"window_s must be >= bin_s ({bin_s!r}), got {window_s!r}")
-    width = round(window_s / bin_s)
-    # int64 sums stay exact far beyond the 7.5 GB of a 1 Gbit/s x 60 s window.
-    values = np.asarray(bins, dtype=np.int64)
-    if values.size <= width:
-        return int(values.sum())
-    cumulative = np.concatenate(([0], np.cumsum(values)))
-    return int((cumulative[width:] - cumulative[:-width]).max())
+    """Return the most bytes in any window of ``window_s`` whose start is on the bin grid (the verifier's
+    rule, dpu_verifier.checks.max_window_bytes). ``t0`` does not change the result; it is taken so every
+    function has the same series signature."""
+    return checks.max_window_bytes(bin_s, bins, window_s)
 
 
 def merge_series(series: list[Series]) -> tuple[float, float, npt.NDArray[np.int64]]:

@@ -18,11 +18,12 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
+from dpu_verifier.checks import Auditor, Probe
 from p4sim.clock import VirtualClock
 from p4sim.firmware import LocalFirmware
 from p4sim.server import Device, add_to_server
 
-from .audit import PROBE_PORT, AgentView, Auditor, Probe
+from .audit import PROBE_PORT, AgentView, scope
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, sealing_summary, set_cap
@@ -280,7 +281,7 @@ class VirtualLabRun:
             # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
             largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
             auditor = Auditor(
-                sc, net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
+                scope(sc), net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
             )
             auditor.open_evidence(self.out_dir / "evidence")
         plan = _stops(

@@ -1,0 +1,433 @@
+"""The verifier's checks, run at every tick of an interval, on what it can see without trusting the DPUs:
+
+- **read-back**: each DPU's pipeline hash and its entries and meters against the desired state (through
+  the control plane: its reconciler reads every DPU back; a difference it did not cause is an alert);
+- **router-count**: the router counts bytes per pod and direction itself (the DPUs cannot change those
+  counters): every frame on the pod's link to it, whatever it holds; the most bytes that left a pod in
+  any window of W against its egress allowance;
+- **conservation**: bytes the router saw leave a pod against the bytes its DPUs say they passed out of
+  it, and bytes the router sent into a pod against the bytes its DPUs say reached their meters on the
+  way in (passed or dropped by meter, window budget or lease). A DPU that exempts, hides or forges
+  traffic breaks the balance;
+- **probe**: a probe agent in each capped pod sends more than the pod's cap for a while in each
+  interval; its receiver checks that no more got through than the cap allows in that time. It needs
+  no counter the operator's devices keep, and it tests the cap when the pod's own traffic stays below it.
+
+Each check raises one alert per place, the first time it fails, and every tick's figures can be signed
+as evidence (evidence.py), one record per capped pod and direction. The router's counts come as bins of
+bytes on a time grid: from SNMP counters polled by the verifier at a site, from the lab's own router
+namespace or simulator in a lab run (bmv2-lab/dpu_lab/audit.py, live_audit.py feed these checks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, get_args
+
+import numpy as np
+
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.units import MAX_FRAME_BYTES
+
+from .evidence import (
+    DIRECTIONS,
+    CapTerms,
+    EvidenceWriter,
+    ProbeResult,
+    WindowFigures,
+    generate_key,
+    load_public_key,
+    load_signer,
+    verify_bundle,
+)
+
+AuditCheck = Literal["read-back", "router-count", "conservation", "probe"]
+
+
+@dataclass(frozen=True)
+class CapScope:
+    """A capped pod as the checks judge it: its rates (the largest it takes during a run), window, bucket."""
+
+    pod: str
+    egress_bps: float
+    ingress_bps: float
+    window_s: float
+    bucket_bytes: int  # the bucket allowed on top of the rate (0 in window mode)
+    mode: str = "rate"
+
+    def directions(self) -> list[tuple[str, float]]:
+        """(direction, rate) pairs, egress first."""
+        return [("egress", self.egress_bps), ("ingress", self.ingress_bps)]
+
+    def terms(self, rate: float) -> CapTerms:
+        """The cap in one direction, as evidence records it."""
+        return CapTerms(rate, self.window_s, self.bucket_bytes, self.mode)
+
+
+class Series(Protocol):
+    """Bytes the router counted in bins of `bin_s` seconds; t0 is the first bin's start."""
+
+    bin_s: float
+    bins: list[int]
+
+    def t0(self, default: float) -> float:
+        """The first bin's start (`default` when there is none)."""
+
+
+def max_window_bytes(bin_s: float, bins: Sequence[int], window_s: float) -> int:
+    """The most bytes in any window of `window_s` whose start is on the bin grid: the window covers
+    round(window_s / bin_s) bins; a series shorter than that yields its total."""
+    if not bin_s > 0:
+        raise ValueError(f"bin_s must be > 0, got {bin_s!r}")
+    if not window_s >= bin_s:
+        raise ValueError(f"window_s must be >= bin_s ({bin_s!r}), got {window_s!r}")
+    width = round(window_s / bin_s)
+    # int64 sums stay exact far beyond the 7.5 GB of a 1 Gbit/s x 60 s window.
+    values = np.asarray(bins, dtype=np.int64)
+    if values.size <= width:
+        return int(values.sum())
+    cumulative = np.concatenate(([0], np.cumsum(values)))
+    return int((cumulative[width:] - cumulative[:-width]).max())
+
+
+CHECKS: tuple[AuditCheck, ...] = get_args(AuditCheck)
+
+
+@dataclass(frozen=True)
+class Alert:
+    """Something the audit found: when (simulated seconds), by which check, where, and what."""
+
+    t_s: float
+    check: AuditCheck
+    where: str
+    detail: str
+
+
+@dataclass
+class Probe:
+    """One pod's probe: the bytes its receiver counts on the probe's port, and what the cap allows."""
+
+    pod: str
+    received: dict[int, int]  # the probe receiver's bytes by destination port
+    port: int
+    offered_bytes: int  # per burst
+    allowance_bytes: int  # per burst (with slack for the last frame or segment in flight)
+    last: int = 0
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the control plane's API says of the fleet at a tick, for the evidence: the pipeline it
+    installs, each pod's DPUs' pipelines as last read back, and its change log's head."""
+
+    expected_pipeline: str
+    pipelines: dict[str, dict[str, str]]  # pod -> DPU -> SHA-256 ("" not read yet)
+    change_log: tuple[int, str]
+    # pod -> its DPUs' buffer_bytes: what they may hold between meter and wire, counted by the DPU and not
+    # yet by the router (conservation's allowance for bytes in flight, beside the frames on the link)
+    buffers: dict[str, int] = field(default_factory=dict)
+
+
+async def api_facts(address: str) -> Facts:
+    """The Facts, through the control plane's API (GetStatus and ListDpus)."""
+    async with LimiterClient(address) as client:
+        status, dpus = await client.status(), await client.list_dpus()
+    read = {d.name: d.pipeline_sha256 for d in status.dpus}
+    pipelines: dict[str, dict[str, str]] = {}
+    buffers: dict[str, int] = {}
+    for d in dpus:
+        pipelines.setdefault(d.pod, {})[d.name] = read.get(d.name, "")
+        buffers[d.pod] = buffers.get(d.pod, 0) + d.buffer_bytes
+    head = (status.change_log_seq, status.change_log_hash)
+    return Facts(status.expected_pipeline_sha256, pipelines, head, buffers)
+
+
+class DeviceView(Protocol):
+    """How the audit reaches the DPUs: through the control plane's agents, or its API."""
+
+    async def facts(self) -> Facts:
+        """The control plane's pipeline, the DPUs' as read back, and its change log's head."""
+
+    async def read_back(self) -> list[tuple[str, str]]:
+        """Read every DPU back against desired state; (DPU, what differed) for each new finding, corrected."""
+
+    async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
+        """Per DPU (or per pod, as the API sums them): its pod and (bytes passed out, bytes metered in),
+        None where they cannot be read now."""
+
+
+@dataclass
+class ApiView:
+    """The DPUs as the control plane's API shows them."""
+
+    address: str
+    _drift: dict[str, int] = field(default_factory=dict)
+
+    async def facts(self) -> Facts:
+        """The control plane's pipeline, the DPUs' as read back, and its change log's head."""
+        return await api_facts(self.address)
+
+    async def read_back(self) -> list[tuple[str, str]]:
+        """New drift corrections of the control plane's periodic read-back, per DPU."""
+        async with LimiterClient(self.address) as client:
+            status = await client.status()
+        found = []
+        for d in status.dpus:
+            if d.drift_corrections > self._drift.get(d.name, 0):
+                found.append((d.name, d.last_drift.partition(": ")[2] or d.last_drift))
+            self._drift[d.name] = d.drift_corrections
+        return found
+
+    async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
+        """Each pod's counters, summed over its DPUs by the control plane."""
+        async with LimiterClient(self.address) as client:
+            usage = await client.usage()
+        out: dict[str, tuple[int, int]] = {}
+        for u in usage.usage:
+            passed, metered = out.get(u.pod, (0, 0))
+            # As audit.passed_and_metered: ARP has a meter of its own (arp_bytes: what it passed).
+            if u.direction == "egress":
+                passed += u.green_bytes + u.yellow_bytes + u.arp_bytes
+            else:
+                metered += u.green_bytes + u.yellow_bytes + u.red_bytes + u.window_bytes + u.lease_bytes + u.arp_bytes
+                metered += u.arp_dropped_bytes
+            out[u.pod] = (passed, metered)
+        return {pod: (pod, counts) for pod, counts in out.items()}
+
+
+@dataclass
+class Auditor:
+    """Runs the checks at each tick; keeps the alerts."""
+
+    caps: Sequence[CapScope]  # the capped pods and the caps they are judged against
+    router: Mapping[tuple[str, str], Series]  # (pod, direction) -> bytes the router counted
+    view: DeviceView
+    slack_bytes: int = 4 * MAX_FRAME_BYTES  # frames that may be between a DPU and the router at a tick
+    slack_ratio: float = 0.001  # and this share of what the router counted (counters read apart in time)
+    count_slack_s: float = 0.0  # how much longer a window of the router's own bins may be (sampled bins)
+    checks: Sequence[AuditCheck] = CHECKS
+    probes: list[Probe] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    _flagged: set[tuple[AuditCheck, str]] = field(default_factory=set)
+    _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's (or pod's) last (out, in) bytes
+    # The last tick's router totals before and after reading the DPUs, and what the DPUs said.
+    _balance: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
+    resample: Callable[[], None] | None = None  # reads the router's counters again now (real time)
+    # Conservation alerts after this many intervals in a row out of balance the same way: in real time
+    # a software DPU's queues can hold what the router already sent (or its meter passed) for a moment,
+    # a shortfall in one interval that comes back as an excess in the next; a lie errs one way throughout.
+    persist: int = 1
+    _streak: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # (which way off, intervals)
+    # Where each tick's figures are signed, one record per capped pod and direction (dpu_verifier.evidence).
+    evidence: EvidenceWriter | None = None
+    _since: float = 0.0  # the last tick's time: where the next records' windows start
+    # This tick's balance per (pod, direction): the router's count (most), its spread (most - least),
+    # what the DPUs said (None: unread), and the slack conservation allows.
+    _drawn: dict[tuple[str, str], tuple[int, int, int | None, int]] = field(default_factory=dict)
+    _probed: dict[str, ProbeResult] = field(default_factory=dict)  # pod -> this tick's probe burst
+    _signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
+
+    def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
+        if (check, where) not in self._flagged:
+            self._flagged.add((check, where))
+            self.alerts.append(Alert(round(t_s, 6), check, where, detail))
+
+    async def tick(self, t_s: float) -> None:
+        """Run every enabled check at simulated time `t_s`."""
+        if "read-back" in self.checks:
+            await self._read_back(t_s)
+        if "router-count" in self.checks:
+            self._router_count(t_s)
+        if "conservation" in self.checks:
+            await self._conservation(t_s)
+        if "probe" in self.checks:
+            self._probe(t_s)
+        if self.evidence is not None:
+            await self._sign(t_s)
+        self._since = t_s
+
+    def _probe(self, t_s: float) -> None:
+        # Each interval's burst ends before the tick, so what arrived since the last tick is one burst.
+        for p in self.probes:
+            now = p.received.get(p.port, 0)
+            got, p.last = now - p.last, now
+            self._probed[p.pod] = ProbeResult(p.offered_bytes, got, p.allowance_bytes)
+            if got > p.allowance_bytes:
+                self._alert(
+                    t_s,
+                    "probe",
+                    f"{p.pod} egress",
+                    f"a probe offered {p.offered_bytes} bytes, {got} got through, the cap allows {p.allowance_bytes}",
+                )
+
+    async def _read_back(self, t_s: float) -> None:
+        for name, detail in await self.view.read_back():
+            self._alert(t_s, "read-back", name, detail)
+
+    def _router_count(self, t_s: float) -> None:
+        # Egress only: what the router sees heading into a pod has not crossed that pod's DPU yet, and
+        # honest senders in several pods may together offer it more than its ingress cap.
+        for cap in self.caps:
+            for direction, rate in cap.directions()[:1]:
+                tl = self.router.get((cap.pod, direction))
+                if tl is None or not tl.bins:
+                    continue
+                most = max_window_bytes(tl.bin_s, tl.bins, cap.window_s)
+                allowed = cap.terms(rate).allowance_bytes() + int(rate * self.count_slack_s / 8)
+                if most > allowed:
+                    self._alert(
+                        t_s,
+                        "router-count",
+                        f"{cap.pod} {direction}",
+                        f"the router counted {most} bytes in {cap.window_s:g} s, allowed {allowed}",
+                    )
+
+    def _router_totals(self) -> dict[tuple[str, str], int]:
+        return {key: sum(tl.bins) for key, tl in self.router.items()}
+
+    async def _conservation(self, t_s: float) -> None:
+        # Balances are drawn over each interval (since the last tick), so a DPU that restarts and
+        # starts counting from zero again only costs that pod one interval's check. The DPUs' counters
+        # are read at some moment between two readings of the router's (`resample`, in real time), so
+        # what they say must lie between what the router counted over the shortest and the longest
+        # interval those allow.
+        before = self._router_totals()
+        reported: dict[tuple[str, str], int] = {}
+        unsure: set[str] = set()
+        for name, (pod, read) in (await self.view.counters()).items():
+            if read is None:
+                unsure.add(pod)
+                continue
+            out, into = read
+            last_out, last_in = self._last.get(name, (0, 0))
+            if out < last_out or into < last_in:
+                unsure.add(pod)  # its counters went back: it restarted
+            self._last[name] = (out, into)
+            reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
+            reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
+        if self.resample is not None:
+            self.resample()
+        after = self._router_totals()
+        for cap in self.caps:
+            for direction, _ in cap.directions():
+                key = (cap.pod, direction)
+                now = (before.get(key, 0), after.get(key, 0), reported.get(key, 0))
+                last = self._balance.get(key, (0, 0, 0))
+                self._balance[key] = now
+                least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
+                slack = self.slack_bytes + int(most * self.slack_ratio)
+                self._drawn[key] = (most, most - least, None if cap.pod in unsure else said, slack)
+                if cap.pod in unsure:
+                    continue
+                off = -1 if said < least - slack else 1 if said > most + slack else 0
+                way, n = self._streak.get(key, (0, 0))
+                self._streak[key] = (off, n + 1 if off == way else 1) if off else (0, 0)
+                if self._streak[key][1] >= self.persist:
+                    counted = f"{least}" if least == most else f"between {least} and {most}"
+                    verb = "passed out of" if direction == "egress" else "metered into"
+                    self._alert(
+                        t_s,
+                        "conservation",
+                        f"{cap.pod} {direction}",
+                        f"since the last check the router counted {counted} bytes, the pod's DPUs say they "
+                        f"{verb} it {said}",
+                    )
+
+    async def _sign(self, t_s: float) -> None:
+        """Sign this tick's figures: one record per capped pod and direction, for (last tick, t_s]."""
+        assert self.evidence is not None
+        facts = await self.view.facts()
+        for cap in self.caps:
+            for direction, rate in cap.directions():
+                key = (cap.pod, direction)
+                tl = self.router.get(key)
+                counted, worst = 0, 0
+                if tl is not None and tl.bins:
+                    first = tl.t0(0.0)
+                    lo = max(0, math.floor((self._since - cap.window_s - first) / tl.bin_s + 1e-9))
+                    mid = max(0, math.floor((self._since - first) / tl.bin_s + 1e-9))
+                    hi = max(0, math.floor((t_s - first) / tl.bin_s + 1e-9))
+                    counted = sum(tl.bins[mid:hi])
+                    if direction == "egress" and hi > lo:
+                        worst = max_window_bytes(tl.bin_s, tl.bins[lo:hi], cap.window_s)
+                router, spread, said, slack = self._drawn.pop(key, (counted, 0, None, 0))
+                probe = self._probed.pop(cap.pod, None) if direction == "egress" else None
+                verdict = self.evidence.window(
+                    WindowFigures(
+                        pod=cap.pod,
+                        direction=direction,
+                        start=self._since,
+                        end=t_s,
+                        cap=cap.terms(rate),
+                        change_log_seq=facts.change_log[0],
+                        change_log_hash=facts.change_log[1],
+                        router_bytes=router,
+                        # What the router sees heading into a pod has not crossed its DPUs yet (_router_count).
+                        router_worst_bytes=worst if direction == "egress" else None,
+                        router_slack_bytes=int(rate * self.count_slack_s / 8),
+                        dpu_bytes=said,
+                        conservation_slack_bytes=slack + spread + facts.buffers.get(cap.pod, 0),
+                        pipeline_expected=facts.expected_pipeline,
+                        pipelines=facts.pipelines.get(cap.pod, {}),
+                        probes=(probe,) if probe is not None else (),
+                    )
+                )
+                self._signed.append((t_s, f"{cap.pod} {direction}", verdict))
+
+    def open_evidence(self, directory: Path) -> None:
+        """Sign every tick's figures into a bundle in `directory`, with a key made for the run (a site's
+        verifier keeps one key; a lab run's is beside its bundle, as `verifier.key` and `verifier.key.pub`)."""
+        key = directory / "verifier.key"
+        directory.mkdir(parents=True, exist_ok=True)
+        generate_key(key)
+        scope = [(c.pod, d) for c in self.caps for d in DIRECTIONS]
+        self.evidence = EvidenceWriter(directory, load_signer(key), scope, self._since)
+
+    def close_evidence(self) -> dict[str, Any]:
+        """Close the bundle and check it as a third party would (report.json's `audit.evidence`): whether it
+        verifies, its windows by verdict, and when each place's first violated window ended."""
+        assert self.evidence is not None
+        self.evidence.close(self._since)
+        directory = self.evidence.path.parent
+        pub = directory / "verifier.key.pub"
+        result = verify_bundle(directory, load_public_key(pub))
+        first: dict[str, float] = {}
+        for t, where, verdict in self._signed:
+            if verdict == "violated":
+                first.setdefault(where, t)
+        return {
+            "bundle": str(directory),
+            "public_key": str(pub),
+            "verified": result.ok,
+            "problem": result.problem,
+            "windows": result.windows,
+            "verdicts": result.verdicts,
+            "first_violated_s": first,
+        }
+
+    def summary(
+        self, interval_s: float, compromises: list[dict[str, Any]], violations: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """The report's `audit` section: alerts, and whether and how fast each compromise was caught.
+
+        An alert is a detection when it follows a compromise, or when it is about a pod and direction
+        whose cap the receivers saw broken (`violations`, "POD DIRECTION": e.g. a bypass or an
+        operator's routing, with no compromise at all); any other alert is a false alarm.
+        """
+        first = min((c["t_s"] for c in compromises), default=None)
+        true = [a for a in self.alerts if (first is not None and a.t_s >= first) or a.where in violations]
+        false = [a for a in self.alerts if a not in true]
+        after = [a for a in true if first is not None and a.t_s >= first]
+        return {
+            "interval_s": interval_s,
+            "checks": list(self.checks),
+            "alerts": [a.__dict__ for a in self.alerts],
+            "compromises": compromises,
+            "false_alarms": len(false),
+            "detected": bool(true),
+            "time_to_detection_s": round(after[0].t_s - first, 6) if after and first is not None else None,
+            "detected_by": sorted({a.check for a in true}),
+        }

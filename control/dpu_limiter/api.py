@@ -251,17 +251,17 @@ class LimiterApi(pb_grpc.LimiterServicer):
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU's reconciliation status."""
         await self._actor(context, write=False)
-        generation, rows = self.service.state.generation, self.service.status()
-        # A row per DPU of the fleet: the message is built off the event loop, which meanwhile keeps
-        # renewing leases and answering other calls.
         head = self.service.store.head
         out = pb.GetStatusResponse(
-            generation=generation,
+            generation=self.service.state.generation,
             expected_pipeline_sha256=self.service.expected_pipeline_sha256,
             change_log_seq=head[0],
             change_log_hash=head[1],
         )
-        return await asyncio.to_thread(_status_rows, out, rows)
+        # A row per DPU of the fleet: the rows and the message are made off the event loop, which
+        # meanwhile keeps renewing leases and answering other calls.
+        snapshot = self.service.status_snapshot()
+        return await asyncio.to_thread(lambda: _status_rows(out, self.service.status(snapshot)))
 
 
 def _status_rows(out: pb.GetStatusResponse, rows: list[DpuState]) -> pb.GetStatusResponse:

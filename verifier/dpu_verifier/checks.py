@@ -22,7 +22,7 @@ namespace or simulator in a lab run (bmv2-lab/dpu_lab/audit.py, live_audit.py fe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
@@ -215,7 +215,8 @@ class Auditor:
     _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's (or pod's) last (out, in) bytes
     # The last tick's router totals before and after reading the DPUs, and what the DPUs said.
     _balance: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
-    resample: Callable[[], None] | None = None  # reads the router's counters again now (real time)
+    # Reads the router's counters again now (real time; a coroutine function where that is I/O).
+    resample: Callable[[], Awaitable[None] | None] | None = None
     # Conservation alerts after this many intervals in a row out of balance the same way: in real time
     # a software DPU's queues can hold what the router already sent (or its meter passed) for a moment,
     # a shortfall in one interval that comes back as an excess in the next; a lie errs one way throughout.
@@ -228,7 +229,8 @@ class Auditor:
     # what the DPUs said (None: unread), and the slack conservation allows.
     _drawn: dict[tuple[str, str], tuple[int, int, int | None, int]] = field(default_factory=dict)
     _probed: dict[str, ProbeResult] = field(default_factory=dict)  # pod -> this tick's probe burst
-    _signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
+    signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
+    _public_key: Path | None = None  # the evidence's verification key
 
     def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
         if (check, where) not in self._flagged:
@@ -309,7 +311,9 @@ class Auditor:
             reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
             reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
         if self.resample is not None:
-            self.resample()
+            again = self.resample()
+            if again is not None:
+                await again
         after = self._router_totals()
         for cap in self.caps:
             for direction, _ in cap.directions():
@@ -375,14 +379,16 @@ class Auditor:
                         probes=(probe,) if probe is not None else (),
                     )
                 )
-                self._signed.append((t_s, f"{cap.pod} {direction}", verdict))
+                self.signed.append((t_s, f"{cap.pod} {direction}", verdict))
 
-    def open_evidence(self, directory: Path) -> None:
-        """Sign every tick's figures into a bundle in `directory`, with a key made for the run (a site's
-        verifier keeps one key; a lab run's is beside its bundle, as `verifier.key` and `verifier.key.pub`)."""
-        key = directory / "verifier.key"
+    def open_evidence(self, directory: Path, key: Path | None = None) -> None:
+        """Sign every tick's figures into a new bundle in `directory` with `key` (its public half beside it,
+        as KEY.pub), or with a key made for the run (a lab run's: `verifier.key` in the bundle)."""
         directory.mkdir(parents=True, exist_ok=True)
-        generate_key(key)
+        if key is None:
+            key = directory / "verifier.key"
+            generate_key(key)
+        self._public_key = key.with_name(key.name + ".pub")
         scope = [(c.pod, d) for c in self.caps for d in DIRECTIONS]
         self.evidence = EvidenceWriter(directory, load_signer(key), scope, self._since)
 
@@ -392,10 +398,12 @@ class Auditor:
         assert self.evidence is not None
         self.evidence.close(self._since)
         directory = self.evidence.path.parent
-        pub = directory / "verifier.key.pub"
+        pub = self._public_key
+        assert pub is not None
         result = verify_bundle(directory, load_public_key(pub))
+        self.evidence = None
         first: dict[str, float] = {}
-        for t, where, verdict in self._signed:
+        for t, where, verdict in self.signed:
             if verdict == "violated":
                 first.setdefault(where, t)
         return {

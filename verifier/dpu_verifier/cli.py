@@ -35,6 +35,41 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     verify.set_defaults(handler=_verify)
+    service = sub.add_parser(
+        "verify",
+        help="run the verifier: routers' counters over SNMP, the checks, signed evidence, alerts",
+        description="Every sample_s read the routers' octet counters over SNMP; every interval_s check the "
+        "caps the control plane's API says are in force against them and against the DPUs' counters, sign "
+        "the figures into an evidence bundle, log each alert and count it in Prometheus metrics. Stops on "
+        "SIGTERM or SIGINT, closing the bundle.",
+    )
+    service.add_argument("--config", type=Path, required=True, help="the verifier's config (YAML)")
+    service.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from .service import ConfigError, Verifier, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"dpu-limiter verify: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Verifier(config).run(stop)
+
+    asyncio.run(run())
+    return 0
 
 
 def _keygen(args: argparse.Namespace) -> int:

@@ -1,0 +1,246 @@
+"""`dpu-limiter verify`: the verifier as a long-running service beside the control plane.
+
+Every `sample_s` it reads the routers' own octet counters over SNMP (routers.py) into bins per pod and
+direction; every `interval_s` it runs the checks (checks.py) against the caps the control plane's API
+says are in force, reads the DPUs' counters and read-back state through that API, signs the interval's
+figures into an evidence bundle (evidence.py), logs one line per alert and exposes Prometheus metrics
+(alert rules: verifier/alerts.yml). It reaches the control plane only through its API and trusts it for
+nothing it judges: the caps it reads are what the figures are judged against, and they are signed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from dpu_limiter.client import LimiterClient
+
+from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope
+from .routers import PortCounter, SnmpError, SnmpRouter
+
+LOG = logging.getLogger("dpu_verifier")
+MIN_INTERVAL_S = 1.0
+
+
+class ConfigError(ValueError):
+    """A verifier config that cannot run, naming the field and the value."""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """One router: its SNMP agent, read-only community, and which pod each of its ports (by ifName) faces."""
+
+    name: str
+    host: str
+    port: int
+    community: str
+    ports: dict[str, str]
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """`dpu-limiter verify --config FILE`, validated."""
+
+    control_plane: str
+    routers: tuple[RouterConfig, ...]
+    evidence: Path  # a new bundle directory per run is made in it
+    key: Path  # the verifier's private signing key (evidence keygen)
+    interval_s: float = 10.0
+    sample_s: float = 1.0
+    checks: tuple[AuditCheck, ...] = ("read-back", "router-count", "conservation")
+    metrics: str = ""  # host:port of the Prometheus endpoint ("": none)
+    # How stale a router's counters may be (agents refresh them every few seconds): the window and the
+    # balance allow what the link can carry in that time.
+    counter_lag_s: float = 5.0
+
+
+def _field(doc: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
+    value = doc.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ConfigError(f"{where}{name}: expected {kind.__name__}, got {str(value)[:80]!r}")
+    return value
+
+
+def load_config(path: Path) -> VerifyConfig:
+    """Read and check a verifier config (YAML); errors name the file, the field and the value."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top")
+    try:
+        routers = []
+        for i, r in enumerate(_field(doc, "routers", list)):
+            where = f"routers[{i}]."
+            if not isinstance(r, dict):
+                raise ConfigError(f"routers[{i}]: expected a mapping")
+            host, _, port = _field(r, "snmp", str, where).rpartition(":")
+            if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"{where}snmp: expected host:port, got {r['snmp'][:80]!r}")
+            ports = _field(r, "ports", dict, where)
+            if not ports or not all(isinstance(k, str) and isinstance(v, str) for k, v in ports.items()):
+                raise ConfigError(f"{where}ports: expected a mapping of interface names to pods")
+            name = _field(r, "name", str, where)
+            routers.append(RouterConfig(name, host, int(port), _field(r, "community", str, where), dict(ports)))
+        checks = tuple(doc.get("checks", VerifyConfig.checks))
+        unknown = [c for c in checks if c not in CHECKS]
+        if unknown or not checks:
+            raise ConfigError(f"checks: {unknown or checks!r}: each must be one of {', '.join(CHECKS)}")
+        config = VerifyConfig(
+            control_plane=_field(doc, "control_plane", str),
+            routers=tuple(routers),
+            evidence=Path(_field(doc, "evidence", str)),
+            key=Path(_field(doc, "key", str)),
+            interval_s=float(doc.get("interval_s", VerifyConfig.interval_s)),
+            sample_s=float(doc.get("sample_s", VerifyConfig.sample_s)),
+            checks=checks,  # type: ignore[arg-type]  # each checked above
+            metrics=str(doc.get("metrics", "")),
+            counter_lag_s=float(doc.get("counter_lag_s", VerifyConfig.counter_lag_s)),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not (math.isfinite(config.interval_s) and config.interval_s >= MIN_INTERVAL_S):
+        raise ConfigError(f"{path}: interval_s: must be >= {MIN_INTERVAL_S:g} s, got {config.interval_s!r}")
+    if not (math.isfinite(config.sample_s) and 0 < config.sample_s <= config.interval_s):
+        raise ConfigError(f"{path}: sample_s: must be in (0, interval_s], got {config.sample_s!r}")
+    return config
+
+
+@dataclass
+class Bins:
+    """Bytes counted per bin of `bin_s` seconds since the verifier began (checks.Series)."""
+
+    bin_s: float
+    bins: list[int] = field(default_factory=list)
+
+    def t0(self, default: float) -> float:
+        """The series starts when the verifier began."""
+        return 0.0
+
+    def add(self, t: float, nbytes: int) -> None:
+        """Count `nbytes` in the bin of time `t` (seconds since the verifier began)."""
+        index = max(0, math.floor(t / self.bin_s))
+        if index >= len(self.bins):
+            self.bins.extend([0] * (index + 1 - len(self.bins)))
+        self.bins[index] += nbytes
+
+
+class Verifier:
+    """The service: SNMP samples, the checks at every interval, evidence, alerts and metrics."""
+
+    def __init__(self, config: VerifyConfig, tls: Any = None) -> None:
+        self.config = config
+        self._tls = tls
+        self.routers = [SnmpRouter(r.host, r.port, r.community, r.ports) for r in config.routers]
+        self._counters = {(i, name): PortCounter(name) for i, r in enumerate(config.routers) for name in r.ports}
+        self.series: dict[tuple[str, str], Bins] = {}
+        self.t_start = time.monotonic()
+        self.bundle: Path | None = None
+        registry = CollectorRegistry()
+        self.registry = registry
+        self._alerts = Counter("dpu_verifier_alerts", "alerts raised", ["check", "place"], registry=registry)
+        self._verdict = Gauge(
+            "dpu_verifier_window_held",
+            "1 when the last window's verdict was held, 0 when violated, -1 when unverified",
+            ["pod", "direction"],
+            registry=registry,
+        )
+        self._unread = Counter("dpu_verifier_router_unread", "router polls that failed", ["router"], registry=registry)
+        self.auditor = Auditor([], self.series, ApiView(config.control_plane), checks=config.checks)
+        self.auditor.resample = self.sample
+        self._seen_alerts = 0
+
+    async def sample(self) -> None:
+        """Read every router's counters now and add what crossed since the last read to the series."""
+        t = time.monotonic() - self.t_start
+        for i, (rc, router) in enumerate(zip(self.config.routers, self.routers, strict=True)):
+            try:
+                uptime, readings = await router.read()
+            except SnmpError as exc:
+                self._unread.labels(rc.name).inc()
+                LOG.warning("router %s: %s", rc.name, exc)
+                continue
+            for name, pod in rc.ports.items():
+                delta = self._counters[(i, name)].advance(readings.get(name), uptime)
+                if delta is None:
+                    continue  # a discontinuity: nothing counted for this poll, as for a DPU that restarted
+                # What the router received on the pod's port left the pod; what it sent went in.
+                self.series.setdefault((pod, "egress"), Bins(self.config.sample_s)).add(t, delta[0])
+                self.series.setdefault((pod, "ingress"), Bins(self.config.sample_s)).add(t, delta[1])
+
+    async def caps(self) -> list[CapScope]:
+        """The caps in force, through the control plane's API, for the pods the routers face."""
+        pods = {pod for r in self.config.routers for pod in r.ports.values()}
+        out = []
+        async with LimiterClient(self.config.control_plane) as client:
+            for pod in sorted(pods):
+                try:
+                    c = (await client.get_pod_cap(pod)).cap
+                except Exception as exc:  # no cap (or no pod): nothing to judge the rate against
+                    LOG.warning("pod %s: no cap to judge: %s", pod, exc)
+                    continue
+                bucket = 0 if c.mode == 2 else c.burst_bytes  # CAP_MODE_WINDOW: the budget is exact
+                mode = "window" if c.mode == 2 else "rate"
+                out.append(CapScope(pod, c.egress_bps, c.ingress_bps, c.window_s, bucket, mode))
+        return out
+
+    async def tick(self) -> None:
+        """One interval: the checks on what was sampled, signed; alerts logged and counted."""
+        t = round(time.monotonic() - self.t_start, 3)
+        caps = await self.caps()
+        if self.auditor.evidence is not None and {c.pod for c in caps} != {c.pod for c in self.auditor.caps}:
+            self._close()  # the capped pods changed: a bundle covers one set of them throughout
+        self.auditor.caps = caps
+        lag = self.config.counter_lag_s
+        self.auditor.count_slack_s = lag
+        self.auditor.slack_ratio = 0.001
+        self.auditor.slack_bytes = int(
+            max((c.egress_bps + c.ingress_bps for c in self.auditor.caps), default=0) * lag / 8
+        )
+        if self.auditor.evidence is None:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            self.bundle = self.config.evidence / f"{stamp}-{t:.0f}"
+            self.auditor.open_evidence(self.bundle, key=self.config.key)
+        await self.auditor.tick(t)
+        for a in self.auditor.alerts[self._seen_alerts :]:
+            LOG.error("ALERT t=%.1fs check=%s place=%s %s", a.t_s, a.check, a.where, a.detail)
+            self._alerts.labels(a.check, a.where).inc()
+        self._seen_alerts = len(self.auditor.alerts)
+        for _, where, verdict in self.auditor.signed[-2 * len(self.auditor.caps) :]:
+            pod, direction = where.split(" ")
+            self._verdict.labels(pod, direction).set({"held": 1, "violated": 0}.get(verdict, -1))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample and tick until `stop` is set; then close the bundle."""
+        if self.config.metrics:
+            host, _, port = self.config.metrics.rpartition(":")
+            start_http_server(int(port), host or "127.0.0.1", self.registry)
+        next_tick = self.config.interval_s
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), self.config.sample_s)
+                except TimeoutError:
+                    pass
+                await self.sample()
+                if time.monotonic() - self.t_start >= next_tick:
+                    await self.tick()
+                    next_tick += self.config.interval_s
+        finally:
+            if self.auditor.evidence is not None:
+                self._close()
+
+    def _close(self) -> None:
+        result = self.auditor.close_evidence()
+        LOG.info("evidence %s: %s", result["bundle"], "verified" if result["verified"] else result["problem"])

@@ -29,7 +29,7 @@ What each figure includes:
   state file, as a supervisor restarts a crashed one: from its start until every DPU is connected,
   primary and read back as converged (its pipeline kept: the cookie matches; a new lease written).
   Not compared with anything: it is what resuming a fleet from the store takes.
-- baseline_s: p4runtime-shell (needs the environment tests/p4rt_shell/env.sh makes; otherwise
+- baseline_s: p4runtime-shell (needs the environment tests/softswitch/p4rt_shell/env.sh makes; otherwise
   nan) sending the same meter writes (both cells) to the same DPUs one DPU at a time, one write
   per request, without reading back: set up (connect, arbitrate, fetch the P4Info), write, tear
   down, next DPU; p4runtime-shell holds one connection at a time, so the connections are part of

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from dpu_limiter.units import CPU_PORT
-from p4sim.server import Device, add_to_server
+from dpu_softswitch.server import Device, add_to_server
 
 ECHO_SERVICE = "dpu_limiter.bench.Echo"
 

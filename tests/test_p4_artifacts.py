@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = sorted((ROOT / "p4").glob("*.p4")) + sorted((ROOT / "tests" / "corpus").glob("*.p4"))
+PROGRAMS = sorted((ROOT / "p4").glob("*.p4")) + sorted((ROOT / "tests" / "softswitch" / "corpus").glob("*.p4"))
 
 
 @pytest.mark.parametrize("src", PROGRAMS, ids=lambda p: p.name)

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-from conftest import ROOT
 from dpu_lab.cli import LAB_DEPENDENCIES
+from helpers.paths import ROOT
 
 CONTROL = ROOT / "control" / "dpu_limiter"
-TARGET = ROOT / "target" / "p4sim"
+TARGET = ROOT / "softswitch" / "dpu_softswitch"
 LAB = ROOT / "bmv2-lab" / "dpu_lab"
 VERIFIER = ROOT / "verifier" / "dpu_verifier"
-FIRST_PARTY = {"dpu_limiter", "p4sim", "dpu_lab", "dpu_verifier"}
+FIRST_PARTY = {"dpu_limiter", "dpu_softswitch", "dpu_lab", "dpu_verifier"}
 # What the verifier may use of the control plane: its client, models and units, as any site's tool would.
 CONTROL_PUBLIC = {"dpu_limiter", "dpu_limiter.client", "dpu_limiter.models", "dpu_limiter.units"}
 BMV2_OWN = {"bm_runtime"}  # bmv2's Thrift client, which comes with bmv2 (bmv2_firmware.py finds it)
@@ -65,18 +65,24 @@ def requirement_name(spec: str) -> str:
 def test_the_control_plane_imports_nothing_of_the_lab() -> None:
     found = [
         f"{f}:{line}: {m}"
-        for folder in (CONTROL, TARGET)
+        for folder, others in (
+            (CONTROL, ("dpu_lab", "dpu_verifier", "dpu_softswitch")),
+            (TARGET, ("dpu_lab", "dpu_verifier")),
+        )
         for f, line, m in imports(folder)
-        if top(m) in ("dpu_lab", "dpu_verifier") or top(m) in LAB_DEPENDENCIES
+        if top(m) in others or top(m) in LAB_DEPENDENCIES
     ]
-    assert not found, "the control plane and its target must run without the lab and the verifier:\n" + "\n".join(found)
+    assert not found, (
+        "the control plane runs without the lab, the verifier and the embedded target (which adds its own "
+        "command), and the target without the lab and the verifier:\n" + "\n".join(found)
+    )
 
 
 def test_the_verifier_uses_only_the_control_planes_public_api() -> None:
     found = [
         f"{f}:{line}: {m}"
         for f, line, m in imports(VERIFIER)
-        if top(m) in ("dpu_lab", "p4sim") or (top(m) == "dpu_limiter" and m not in CONTROL_PUBLIC)
+        if top(m) in ("dpu_lab", "dpu_softswitch") or (top(m) == "dpu_limiter" and m not in CONTROL_PUBLIC)
     ]
     assert not found, "the verifier trusts the control plane no further than its API:\n" + "\n".join(found)
 
@@ -123,7 +129,11 @@ def test_each_package_needs_only_what_it_installs() -> None:
 
 def test_the_lab_and_the_verifier_register_their_commands_through_the_entry_point() -> None:
     eps = {ep.name: ep.value for ep in metadata.entry_points(group="dpu_limiter.cli")}
-    expected = {"lab": "dpu_lab.cli:add_commands", "evidence": "dpu_verifier.cli:add_commands"}
+    expected = {
+        "lab": "dpu_lab.cli:add_commands",
+        "evidence": "dpu_verifier.cli:add_commands",
+        "target": "dpu_softswitch.cli:add_commands",
+    }
     assert eps == PYPROJECT["project"]["entry-points"]["dpu_limiter.cli"] == expected
 
 

@@ -16,7 +16,7 @@ from its standard.thrift and installs with `make install` (package `bm_runtime`,
 runtime_CLI uses), found at run time where bmv2's bm_CLI says it put it, and run with Apache Thrift's
 Python library: the interface always matches the switch it talks to, and none of bmv2 is shipped here.
 
-What differs from the embedded target (p4sim.firmware):
+What differs from the embedded target (dpu_softswitch.firmware):
 
 - No forging (NO_FORGE): the lab refuses `forge` on bmv2 before the run.
 - Thrift cannot return a meter cell to unconfigured (bmv2's `Meter::reset_rates` is reachable only

@@ -52,7 +52,7 @@ from typing import Literal, NamedTuple
 
 from dpu_lab.frames import VLAN_TAG, marked
 from dpu_lab.traffic import Timeline, receive_deadline, write_json
-from p4sim.ports import AUX_SPACE, AUXDATA, PACKET_AUXDATA, SOL_PACKET, TP_STATUS_VLAN_VALID
+from dpu_softswitch.ports import AUX_SPACE, AUXDATA, PACKET_AUXDATA, SOL_PACKET, TP_STATUS_VLAN_VALID
 
 CAPTURE_BIN_S = 0.001
 NON_IPV4 = "non-ipv4"

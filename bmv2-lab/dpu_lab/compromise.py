@@ -1,7 +1,7 @@
 """What a compromised DPU does to itself: the scenario event `compromise`.
 
 Compromised firmware needs no P4Runtime arbitration: it changes its own pipeline's state directly
-(p4sim.firmware: in process in virtual time, through the target's firmware socket in real time; on
+(dpu_softswitch.firmware: in process in virtual time, through the target's firmware socket in real time; on
 bmv2, through its Thrift runtime API: bmv2_firmware.py, which cannot forge).
 Each way below defeats limiter.p4 differently:
 
@@ -31,7 +31,7 @@ from finsy.proto import p4i, p4r
 from google.protobuf import text_format
 
 from dpu_limiter import dataplane as dp
-from p4sim.firmware import Firmware
+from dpu_softswitch.firmware import Firmware
 
 from .config import CompromiseHow
 
@@ -43,7 +43,7 @@ _OPEN = p4r.MeterConfig(
 
 
 def compromise(fw: Firmware, how: CompromiseHow, forge: bool = False, macs: Sequence[str] = ()) -> None:
-    """Tamper with a device through its firmware (in process, a p4sim's socket, bmv2's Thrift) as `how` says
+    """Tamper with a device through its firmware (in process, a dpu_softswitch's socket, bmv2's Thrift) as `how` says
     (`macs`: the hosts' MACs a forward-unclassified DPU makes its pod peers)."""
     if how == "load-pipeline":
         fw.load(_passthrough_config(), forge)

@@ -16,7 +16,7 @@ destination MAC), but a receiver's capture cannot tell hosts by source MAC alone
 payload starts with a marker, MARK followed by the true sender's IPv4 address and the flow's port,
 which receivers find wherever the shape puts the datagram.
 
-The red-team shapes (REDTEAM, tests/test_redteam.py) are what an attacker holding limiter.p4's source
+The red-team shapes (REDTEAM, tests/lab/test_redteam.py) are what an attacker holding limiter.p4's source
 would try against its exemptions: frames with EtherType ARP that are no ARP (or ARP padded far past
 60 bytes, or minimum-size ARP in a flood), IPv4 whose source and destination both claim the SENDER's
 pod (CLAIM_HOST, an unused address of it) while the Ethernet destination is a host in another pod

@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from dpu_lab.capture import PACKET_STATISTICS, open_socket
 from dpu_lab.traffic import write_json
-from p4sim.ports import AUX_SPACE, SOL_PACKET, with_vlan_tag
+from dpu_softswitch.ports import AUX_SPACE, SOL_PACKET, with_vlan_tag
 
 ETHERTYPE_MACSEC = 0x88E5
 OVERHEAD = 32  # SecTAG (EtherType, TCI/AN, SL, PN, SCI: 16 bytes) and ICV (16 bytes)

@@ -1,7 +1,7 @@
 """The lab in virtual time: a discrete-event network around embedded targets that share one clock.
 
 Hosts, the pods' switches, the router and every link are simulated; the limiters are real embedded
-targets (p4sim Devices executing limiter.p4's bmv2 JSON, programmed over P4Runtime by the control
+targets (dpu_softswitch Devices executing limiter.p4's bmv2 JSON, programmed over P4Runtime by the control
 plane). A frame's trip is a chain of events: serialisation on each link at its rate (FIFO, so bursts
 queue), propagation delay, then the next hop. Every event first moves the shared VirtualClock to its
 time, so the targets' meters and timestamps see simulated microseconds.
@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from p4sim.clock import VirtualClock
+from dpu_softswitch.clock import VirtualClock
 
 from .boundary import key as boundary_key
 from .capture import NON_IPV4, Capture, to_capture
@@ -392,7 +392,7 @@ class SimNetwork:
         if not relays:
             return switch
         # The last frame relayed and its rewrite: a source resends one frame object, and the targets
-        # remember a frame's parse by its identity (p4sim's program memo).
+        # remember a frame's parse by its identity (dpu_softswitch's program memo).
         last: list[bytes] = [b"", b""]
 
         def relaying(frame: bytes) -> None:

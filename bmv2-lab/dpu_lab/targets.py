@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
-from p4sim.firmware import Firmware, FirmwareClient
+from dpu_softswitch.firmware import Firmware, FirmwareClient
 
 from .bmv2_firmware import Bmv2Firmware
 
@@ -86,7 +86,7 @@ def target_command(
     with its Thrift port."""
     ifs = [arg for port, ifname in sorted(interfaces.items()) for arg in ("-i", f"{port}@{ifname}")]
     if kind == "embedded":
-        exe = [sys.executable, "-m", "p4sim.main", *(["--firmware-socket", str(firmware)] if firmware else [])]
+        exe = [sys.executable, "-m", "dpu_softswitch.main", *(["--firmware-socket", str(firmware)] if firmware else [])]
     else:
         exe = [bmv2_path(), *bmv2_options(thrift_port)]
     # The limiter reads each DPU's clock through packet I/O on its CPU port (limiter.p4's clock echo).
@@ -114,7 +114,7 @@ class TargetProcess:
     address: str
     process: subprocess.Popen[bytes]
     log_path: Path
-    firmware: Path | None = None  # the embedded target's firmware socket (p4sim.firmware)
+    firmware: Path | None = None  # the embedded target's firmware socket (dpu_softswitch.firmware)
     thrift_port: int | None = None  # bmv2's Thrift runtime API, where built with it (bmv2_firmware.py)
 
     def management(self) -> Firmware:

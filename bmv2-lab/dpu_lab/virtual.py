@@ -18,10 +18,10 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
+from dpu_softswitch.clock import VirtualClock
+from dpu_softswitch.firmware import LocalFirmware
+from dpu_softswitch.server import Device, add_to_server
 from dpu_verifier.checks import Auditor, Probe
-from p4sim.clock import VirtualClock
-from p4sim.firmware import LocalFirmware
-from p4sim.server import Device, add_to_server
 
 from .audit import PROBE_PORT, AgentView, scope
 from .compromise import compromise

@@ -2,7 +2,7 @@
 
 dpu-limiter lab run SCENARIO --out DIR [--target embedded|bmv2]     (with the lab installed: dpu_lab.cli)
 dpu-limiter serve [--db PATH] [--listen ADDR]
-dpu-limiter target -i 0@IF0 -i 1@IF1 --device-id N --no-p4 -- --grpc-server-addr ADDR
+dpu-limiter target -i 0@IF0 -i 1@IF1 --device-id N --no-p4 -- --grpc-server-addr ADDR   (dpu_softswitch.main)
 dpu-limiter cap set POD --egress 1G --ingress 1G --window 60 [--burst BYTES]
 dpu-limiter cap get POD | usage [--pod POD] | status        (with --server ADDR)
 """
@@ -34,9 +34,12 @@ DEFAULT_SERVER = "127.0.0.1:50100"
 # Commands of other packages (the lab's `lab`): each entry point of this group names a function that
 # takes the subcommands (argparse's add_subparsers()) and adds its own, each with
 # `set_defaults(handler=FUNCTION)`: FUNCTION(args) runs the command and returns its exit status. It
-# imports only what building its parsers needs; what the commands run, it imports when they run.
+# imports only what building its parsers needs; what the commands run, it imports when they run. A
+# command with options of its own (the embedded target's, simple_switch_grpc's) sets
+# `set_defaults(raw=FUNCTION)` instead: FUNCTION(argv, prog) gets the words after the command's name.
 PLUGIN_GROUP = "dpu_limiter.cli"
 Handler = Callable[[argparse.Namespace], int]
+RawHandler = Callable[[list[str], str], int]
 
 
 def _add_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +54,8 @@ def _add_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         add_commands(sub)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser, and each command's parser by name."""
     ap = argparse.ArgumentParser(
         prog="dpu-limiter",
         description="Cap the bandwidth between accelerator pods "
@@ -59,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    _add_plugins(sub)  # the lab's `lab` (dpu_lab.cli), when it is installed
+    _add_plugins(sub)  # the lab's `lab` (dpu_lab.cli), the embedded target's `target`, when installed
 
     serve = sub.add_parser("serve", help="run the control plane's gRPC API")
     serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
@@ -132,10 +136,6 @@ def _parser() -> argparse.ArgumentParser:
     who.add_argument("--host", action="append", help="a server certificate for this name or address; repeatable")
     cissue.add_argument("--days", type=int, default=365, help="validity, days (at least 1)")
 
-    sub.add_parser(
-        "target", help="run the embedded P4 target (simple_switch_grpc's options; --help for them)", add_help=False
-    )
-
     cap = sub.add_parser("cap", help="set or get a pod's cap").add_subparsers(
         dest="cap_cmd", required=True, metavar="CAP_COMMAND"
     )
@@ -205,17 +205,18 @@ def _parser() -> argparse.ArgumentParser:
             choices=["verifier", "operator"],
             help="which certificate in --tls-dir to present (default verifier)",
         )
-    return ap
+    return ap, dict(sub.choices)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dpu-limiter` console script."""
     args_in = list(sys.argv[1:] if argv is None else argv)
-    if args_in and args_in[0] == "target":
-        from p4sim.main import main as target_main
-
-        return target_main(args_in[1:], prog="dpu-limiter target")
-    args = _parser().parse_args(args_in)
+    parser, commands = _parser()
+    command = commands.get(args_in[0]) if args_in else None
+    raw: RawHandler | None = command.get_default("raw") if command is not None else None
+    if raw is not None:  # a plugin command that parses its own options
+        return raw(args_in[1:], f"dpu-limiter {args_in[0]}")
+    args = parser.parse_args(args_in)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is not None:  # a plugin's command
         return handler(args)

@@ -12,7 +12,7 @@ retries, typed entities. Three things it has no public hook for are reached thro
 - the pipeline config itself, read back and pushed again: `Switch._get_pipeline_config_request` and
   `_set_pipeline_config_request`.
 
-pyproject.toml pins finsy to the versions these were checked on, and tests/test_finsy_adapter.py
+pyproject.toml pins finsy to the versions these were checked on, and tests/control/test_finsy_adapter.py
 fails when a name in RELIED_ON is gone, before anything subtler does.
 """
 

@@ -1,0 +1,176 @@
+"""The control plane programs a real embedded target over P4Runtime and keeps it converged."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from finsy.proto import p4r
+
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.server import ControlPlane
+from dpu_softswitch.firmware import LocalFirmware
+from helpers.p4rt import connect, table_entry
+from helpers.planes import programmed_target, register
+from helpers.processes import free_port, start_embedded
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class TargetProc:
+    """An embedded target process that can be killed and restarted on the same port."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = start_embedded(self.port, self.log)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[TargetProc]:
+    t = TargetProc(tmp_path / "target.log")
+    t.start()
+    try:
+        yield t
+    finally:
+        t.kill()
+
+
+async def _entries(channel: grpc.aio.Channel) -> list[p4r.Entity]:
+    c = await connect(channel, 3)
+    await c.responses.get()
+    return await c.read(p4r.Entity(table_entry=p4r.TableEntry()))
+
+
+async def _eventually_entries(addr: str, count: int, timeout: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            async with grpc.aio.insecure_channel(addr) as channel:
+                if len(await _entries(channel)) == count:
+                    return True
+        except grpc.aio.AioRpcError:
+            pass  # no pipeline yet, or the target still starting
+        await asyncio.sleep(0.2)
+    return False
+
+
+async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: TargetProc) -> None:
+    from finsy import P4MeterEntry, P4Schema
+
+    from helpers.paths import BMV2_JSON, P4INFO
+
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    addr = f"127.0.0.1:{target.port}"
+    try:
+        async with LimiterClient(plane.address) as c:
+            await c.apply_pod("a", ["10.0.1.0/24", "10.0.3.0/24"])
+            await register(c, "dpu-a", addr)
+            await c.set_pod_cap("a", 20e6, 10e6, 10.0, 50_000)
+            await c.wait_converged(timeout=30)
+            async with grpc.aio.insecure_channel(addr) as channel:
+                entries = await _entries(channel)
+                assert len(entries) == 2 + 2 * 2  # two crossings, two prefixes in each of two tables
+                sch = P4Schema(P4INFO, BMV2_JSON)
+                probe = await connect(channel, 4)
+                await probe.responses.get()
+                meters = await probe.read(P4MeterEntry("LimiterIngress.boundary_meter", index=1).encode(sch))
+                cfg = meters[0].meter_entry.config
+                # The cap less ARP's own allowance (1000 B/s, a 600-byte bucket).
+                assert (cfg.cir, cfg.cburst, cfg.pir, cfg.pburst) == (1_249_000, 49_400, 1_249_000, 49_400)
+                # The operator's controller (a lower election id) is a backup: it cannot write.
+                rogue = table_entry(
+                    sch,
+                    "LimiterIngress.boundary",
+                    "LimiterIngress.cross",
+                    {"standard_metadata.ingress_port": 5},
+                    {"port": 1, "cell": 0, "inside": 1},
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await probe.write(p4r.Update(type=p4r.Update.INSERT, entity=rogue))
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+            # The DPU restarts with nothing: the control plane puts pipeline, entries and meters back.
+            target.kill()
+            target.start()
+            # Right after the restart the control plane may not have noticed yet (converged is old news):
+            # wait for what a user would look for, the entries back on the DPU.
+            assert await _eventually_entries(addr, 6, timeout=60)
+
+            # A cap change is pushed; an exemption prefix removed from the pod disappears from the DPU.
+            await c.apply_pod("a", ["10.0.1.0/24"])
+            await c.set_pod_cap("a", 40e6, 40e6, 10.0, 50_000)
+            await c.wait_converged(timeout=30)
+            async with grpc.aio.insecure_channel(addr) as channel:
+                assert len(await _entries(channel)) == 4
+            usage = await c.usage("a")
+            assert {(u.pod, u.direction) for u in usage.usage} == {("a", "egress"), ("a", "ingress")}
+            assert all(u.metered_bytes == 0 for u in usage.usage)
+    finally:
+        await plane.stop()
+
+
+@pytest.mark.parametrize("renewed", [False, True])
+async def test_drift_is_corrected_and_reported(tmp_path: Path, renewed: bool) -> None:
+    """Also when a lease renewal (our own change) comes before the read-back that finds it."""
+    async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
+        assert (await c.status()).dpus[0].drift_corrections == 0
+        # Someone changes the DPU behind the control plane's back: a crossing and a meter.
+        assert device.pipeline is not None
+        table = device.pipeline.program.tables["LimiterIngress.boundary"].table
+        table.remove(next(iter(table.entries.values())).match, 0)
+        device.pipeline.program.meters["LimiterIngress.boundary_meter"].set_p4runtime_config(
+            0, 10**9, 10**9, 10**9, 10**9
+        )
+        agent = plane.service.agents["dpu-a"]
+        ticket = plane.service.renew_leases()["dpu-a"] if renewed else agent.poke()  # or the periodic resync
+        assert await agent.wait_applied(ticket, timeout=30)
+        st = (await c.status()).dpus[0]
+        assert st.drift_corrections == 1
+        assert "1 crossings restored" in st.last_drift and "1 meter cells rewritten" in st.last_drift
+        assert "leases" not in st.last_drift  # the renewal is ours
+        assert len(table.entries) == 2
+        cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
+        assert cfg == (2_499_000, 49_400, 2_499_000, 49_400)
+
+
+async def test_another_program_with_the_same_tables_is_found_by_its_hash(tmp_path: Path) -> None:
+    async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
+        agent = plane.service.agents["dpu-a"]
+        agent.resync_s = agent.pipeline_check_s = 0.2
+        ours = device.pipeline
+        assert ours is not None
+        # Firmware loads another program with the very same tables (here: one more byte of JSON), so
+        # every read still works; only the hash of what the DPU runs tells it apart.
+        other = p4r.ForwardingPipelineConfig(p4_device_config=ours.device_config + b" ")
+        other.p4info.CopyFrom(ours.p4info)
+        other.cookie.cookie = ours.cookie
+        LocalFirmware(device).load(other, forge=False)
+        async with asyncio.timeout(30):
+            while "another pipeline loaded, pipeline reinstalled" not in (await c.status()).dpus[0].last_drift:
+                await asyncio.sleep(0.1)
+        # GetStatus shows, for a verifier, the hash each DPU's pipeline was last read back with, the one the
+        # control plane installs, and the change log's head (what `audit verify --anchor` takes).
+        status = await c.status()
+        assert status.dpus[0].pipeline_sha256 not in ("", status.expected_pipeline_sha256)  # the other program
+        async with asyncio.timeout(30):
+            while (await c.status()).dpus[0].pipeline_sha256 != status.expected_pipeline_sha256:
+                await asyncio.sleep(0.1)  # read back again after the reinstall
+        records = plane.service.store.audit_records()
+        assert (status.change_log_seq, status.change_log_hash) == (records[-1].seq, records[-1].hash)
+        assert await agent.wait_applied(agent.poke(), timeout=30)
+        assert device.pipeline is not None and device.pipeline.device_config == ours.device_config

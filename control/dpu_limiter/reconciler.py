@@ -37,6 +37,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from . import dataplane as dp
 from . import finsy_adapter
+from .clock import WALL, Clock
 from .finsy_adapter import DpuSwitch
 from .models import Dpu
 from .tls import TlsFiles
@@ -109,8 +110,10 @@ class DpuAgent:
         slots: Slots | None = None,
         leased_before: bool = False,
         hold_until: float = -math.inf,
+        clock: Clock = WALL,
     ) -> None:
         self.dpu = dpu
+        self.clock = clock  # the policy's time: leases, holds, read-back and pipeline-check periods
         self.slots = slots or Slots()
         self.resync_s = resync_s  # read-back period when nothing changes
         self.pipeline_check_s = pipeline_check_s  # 0: only when reads fail
@@ -124,11 +127,11 @@ class DpuAgent:
         self._codec: dp.Codec | None = None
         self._held: dp.Held | None = None  # the last read-back that matched the intent applied
         self._restored_at = -math.inf  # when the pipeline was last reinstalled for unreadable state
-        self._checked_at = time.monotonic()  # when the pipeline was last hashed (connecting installs it)
+        self._checked_at = self.clock.monotonic()  # when the pipeline was last hashed (connecting installs it)
         self._program, self._election_id, self._tls = program, election_id, tls
         self._switch: fy.Switch | None = None  # made when the agent starts (start)
         self._task: asyncio.Task[None] | None = None
-        self.created = time.monotonic()
+        self.created = self.clock.monotonic()
         self.down_since = self.created  # when the agent last had no connection (started, or lost it)
         self._applied_source: dp.Intent | None = None  # the last intent applied, as intent_fn gave it
         self.on_applied: Callable[[int], None] | None = None  # told each ticket a reconcile confirms
@@ -163,7 +166,7 @@ class DpuAgent:
         None): a pipeline was loaded, or an echo shows its instance began then. Only a DPU that may have
         passed metered traffic before has anything to wait for."""
         if self._leased_before:
-            self._reset_at = max(self._reset_at, time.monotonic() if at is None else at)
+            self._reset_at = max(self._reset_at, self.clock.monotonic() if at is None else at)
 
     @property
     def codec(self) -> dp.Codec | None:
@@ -284,7 +287,7 @@ class DpuAgent:
                         continue
                 try:
                     # Jittered, so that DPUs that converged together do not all read back at once.
-                    async with asyncio.timeout(self.resync_s * random.uniform(0.8, 1.2)):
+                    async with self.clock.timeout(self.resync_s * random.uniform(0.8, 1.2)):
                         await self._changed.wait()
                     resync = False
                 except TimeoutError:
@@ -293,15 +296,15 @@ class DpuAgent:
             self.status.connected = False
             self.status.primary = False
             self.status.converged = False
-            self.down_since = time.monotonic()
+            self.down_since = self.clock.monotonic()
 
     def _pipeline_check_due(self) -> bool:
         """Whether the periodic pipeline hash is due (reads can succeed on another program with the
         same tables: only the hash of what the DPU says it runs shows that)."""
-        if self.pipeline_check_s <= 0 or time.monotonic() < self._checked_at + self.pipeline_check_s:
+        if self.pipeline_check_s <= 0 or self.clock.monotonic() < self._checked_at + self.pipeline_check_s:
             return False
         # Jittered, as the read-back is: DPUs that connected together do not all hash at once.
-        self._checked_at = time.monotonic() + self.pipeline_check_s * random.uniform(-0.2, 0.2)
+        self._checked_at = self.clock.monotonic() + self.pipeline_check_s * random.uniform(-0.2, 0.2)
         return True
 
     async def _restore(self, exc: P4ClientError | None) -> bool:
@@ -317,7 +320,7 @@ class DpuAgent:
         readable) reloads nothing. Reloading fails closed: until the entries are back, nothing
         crosses the boundary.
         """
-        if time.monotonic() - self._restored_at < self.resync_s:
+        if self.clock.monotonic() - self._restored_at < self.resync_s:
             return False
         try:
             if exc is not None and exc.code in UNREADABLE:
@@ -326,13 +329,13 @@ class DpuAgent:
                 why = "another pipeline loaded" + (f" ({exc.code.name}: {exc.message})" if exc else "")
             else:
                 return False
-            self._restored_at = time.monotonic()
+            self._restored_at = self.clock.monotonic()
             await self.reinstall_pipeline()
         except P4ClientError as err:
             LOG.warning("%s: pipeline check or reinstall failed: %s", self.dpu.name, err)
             return False
         self.status.drift_corrections += 1
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time()))
         self.status.last_drift = f"{when}: {why}, pipeline reinstalled"
         LOG.warning("%s: %s", self.dpu.name, self.status.last_drift)
         return True
@@ -402,7 +405,7 @@ class DpuAgent:
                 drift = None if not confirmed or applied is None else codec.drift(applied, intent, held)
                 if drift is not None and drift.changes:
                     self.status.drift_corrections += 1
-                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time()))
                     self.status.last_drift = f"{when}: {drift.describe()}"
                     LOG.warning("%s: drift corrected: %s", self.dpu.name, drift.describe())
                 else:
@@ -450,7 +453,7 @@ class DpuAgent:
         self._window_change_seen = source.windows
         LOG.warning("%s: a window changed: no lease until neither window spans the change", self.dpu.name)
         hold = max(dp.hold_after_reset_s(before), dp.hold_after_reset_s(source))
-        self._hold_until = max(self._hold_until, time.monotonic() + hold)
+        self._hold_until = max(self._hold_until, self.clock.monotonic() + hold)
         if self.on_hold is not None:
             self.on_hold(self._hold_until)  # stored: a control plane restarted meanwhile keeps holding
 
@@ -458,11 +461,11 @@ class DpuAgent:
         """Whether the DPU's state was lost too recently for a lease: it may have spent its whole budget
         (or bucket) just before, and now holds a fresh one. No lease until that has aged out of every
         window, as if it had spent it at the moment of the loss."""
-        wait = max(self._reset_at + dp.hold_after_reset_s(intent), self._hold_until) - time.monotonic()
+        wait = max(self._reset_at + dp.hold_after_reset_s(intent), self._hold_until) - self.clock.monotonic()
         if wait > 0:
             LOG.warning("%s: its state was lost; no lease for %.1f s more", self.dpu.name, wait)
             # Reconcile again as the hold ends: the lease comes then, not at the next renewal.
-            asyncio.get_running_loop().call_later(wait + 0.01, self.poke)
+            self.clock.call_later(wait + 0.01, self.poke)
         return wait > 0
 
     async def _on_dpu_clock(self, sw: fy.Switch, intent: dp.Intent) -> dp.Intent:
@@ -523,7 +526,7 @@ class DpuAgent:
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
             await packets.aclose()
-        t1 = time.monotonic()
+        t1 = self.clock.monotonic()
         now_us, found, armed_at = int(pkt[dp.ECHO_NOW]), int(pkt[dp.ECHO_EPOCH]), int(pkt[dp.ECHO_ARMED_AT])
         if found not in (self._leased_epoch, self._seen_epoch):
             # Not the instance this agent last leased (or, new to this DPU, any instance a predecessor may

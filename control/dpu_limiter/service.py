@@ -61,6 +61,7 @@ class LimiterService:
     def __init__(self, store: Store, settings: Settings | None = None) -> None:
         settings = settings or Settings()
         self.settings = settings
+        self.clock = settings.clock  # the policy's time (the wall clock, or a simulation's)
         self.store = store
         self.slots = Slots(settings.concurrency)  # shared by every agent: how many DPUs are worked on at once
         self.resync_s = settings.resync_s
@@ -71,7 +72,7 @@ class LimiterService:
         self.lease_gen = secrets.randbits(32)
         # When each recent generation was issued: it ends one lifetime later on every DPU, whenever
         # written (agents place that instant on each DPU's clock).
-        self._lease_issued: dict[int, float] = {self.lease_gen: time.monotonic()}
+        self._lease_issued: dict[int, float] = {self.lease_gen: self.clock.monotonic()}
         # Worked out once per state: each pod's node MACs (its inventory) and its DPUs' names.
         self._index: tuple[DesiredState | None, dict[str, tuple[str, ...]], dict[str, list[str]]] = (None, {}, {})
         self.lease_loop = settings.lease_loop
@@ -132,7 +133,7 @@ class LimiterService:
         # are, so that the first pass shrinks and grows from what the DPUs may hold, not from nothing.
         granted = await asyncio.to_thread(self.store.load_grants)
         self.shares.update((n, c) for n, c in granted.items() if n in self.state.dpus)
-        wall, mono = time.time(), time.monotonic()
+        wall, mono = self.clock.time(), self.clock.monotonic()
         for pod, until in (await asyncio.to_thread(self.store.growth_holds, wall)).items():
             self._hold_growth(pod, mono + (until - wall))
             LOG.warning(
@@ -195,6 +196,7 @@ class LimiterService:
             # A share granted before (stored, or this control plane's) may have come with a lease.
             leased_before=self.shares.get(dpu.name) is not None,
             hold_until=self._lease_holds.pop(dpu.name, -math.inf),
+            clock=self.clock,
         )
         agent.on_applied = functools.partial(self._aged, dpu.name)
         agent.on_hold = functools.partial(self._hold_lease, dpu.name)
@@ -203,7 +205,9 @@ class LimiterService:
 
     def _hold_lease(self, name: str, until: float) -> None:
         """Store a DPU's lease hold (until: monotonic) for a control plane started before it ends."""
-        task = asyncio.create_task(self._store_lease_holds([(name, time.time() + (until - time.monotonic()))]))
+        task = asyncio.create_task(
+            self._store_lease_holds([(name, self.clock.time() + (until - self.clock.monotonic()))])
+        )
         self._storing.add(task)
         task.add_done_callback(self._storing.discard)
 
@@ -252,7 +256,7 @@ class LimiterService:
         """Give every DPU a new lease generation now; returns each agent's ticket to wait on."""
         gen = (self.lease_gen + 1) & dp.MAX_LEASE_GEN
         # Issued before it is current: status() may read both from a worker thread meanwhile.
-        self._lease_issued[gen] = time.monotonic()
+        self._lease_issued[gen] = self.clock.monotonic()
         self.lease_gen = gen
         while len(self._lease_issued) > LEASES_KEPT:
             del self._lease_issued[next(iter(self._lease_issued))]  # the oldest (dicts keep insertion order)
@@ -261,7 +265,7 @@ class LimiterService:
     async def _lease_loop(self) -> None:
         # A third of the lifetime between renewals: one lost renewal does not let a lease lapse.
         while True:
-            await asyncio.sleep(self.lease_s / 3)
+            await self.clock.sleep(self.lease_s / 3)
             self.renew_leases()
 
     # ---------------------------------------------------------------- shares
@@ -317,7 +321,7 @@ class LimiterService:
             if shrunk:
                 # Stored before any DPU is told: a control plane started after a crash waits for it too.
                 aging = max(_window_s(old[n]) for n in shrunk)
-                (hold,) = await self._holds([(pod, time.time() + self.lease_s + aging)])
+                (hold,) = await self._holds([(pod, self.clock.time() + self.lease_s + aging)])
             tickets = await self._grant(step)
             # A window budget that shrank still holds what its DPU passed in the last window, which no
             # other DPU's budget sees: nobody grows into it before that has aged out, one window after
@@ -331,10 +335,10 @@ class LimiterService:
             await self._held_back(pod, tickets, step_timeout)
             # Step 2, grow: after any DPU that left without being floored has lost its lease, and what
             # shrank has aged out of its window.
-            wait = self._growth_hold(pod) - time.monotonic()
+            wait = self._growth_hold(pod) - self.clock.monotonic()
             if wait > 0:
                 LOG.warning("pod %s: growing shares in %.1f s (a lease to end, or a window to age)", pod, wait)
-                await asyncio.sleep(wait)
+                await self.clock.sleep(wait)
             if hold is not None:  # nothing that shrank can pass its old share any more
                 await self._releases([hold])
             if not await self._confirmed(await self._grant(target), step_timeout):
@@ -348,14 +352,14 @@ class LimiterService:
             return
         del self._aging[name]
         if (agent := self.agents.get(name)) is not None:
-            self._hold_growth(agent.dpu.pod, time.monotonic() + pending[1])
+            self._hold_growth(agent.dpu.pod, self.clock.monotonic() + pending[1])
 
     def _growth_hold(self, pod: str) -> float:
         """Until when (monotonic) no DPU of `pod` may grow: its own hold, and that of any deleted pod whose
         prefixes overlap its own."""
         until = self._grow_after.get(pod, 0.0)
         mine = self.state.pods.get(pod)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for gone in [g for g in self._deleted_prefixes if self._grow_after.get(g, 0.0) <= now]:
             del self._deleted_prefixes[gone]  # its wait is over: nothing to inherit
         if mine is not None:
@@ -378,7 +382,7 @@ class LimiterService:
         # Stored before any DPU is told: a control plane started after a crash resumes from these.
         await self._saved_grants(changed)
         grants = {n: c for n, c in grants.items() if n in self.agents}  # any deleted meanwhile are gone
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self._granted_at.update((n, now) for n, c in grants.items() if self.shares.get(n) != c)
         self.shares.update(grants)
         tickets = {n: self.agents[n].poke() for n in grants if n in self.agents}
@@ -424,7 +428,7 @@ class LimiterService:
                 if agent.applied >= ticket:
                     self._confirm(name, ticket)
                     break
-                lapse, now = self.lapse_at(name), time.monotonic()
+                lapse, now = self.lapse_at(name), self.clock.monotonic()
                 if now >= lapse:
                     self._aged(name, None)
                     LOG.warning(
@@ -468,11 +472,11 @@ class LimiterService:
 
     async def _rebalance_loop(self, interval_s: float) -> None:
         while True:
-            await asyncio.sleep(interval_s)
+            await self.clock.sleep(interval_s)
             for pod, cap in list(self.state.caps.items()):
                 if cap.rebalance:
                     try:
-                        await self.rebalance_pod(pod, time.monotonic())
+                        await self.rebalance_pod(pod, self.clock.monotonic())
                     except Exception as exc:  # one pod's trouble must not stop the others
                         LOG.warning("rebalancing pod %s failed: %s", pod, exc)
 
@@ -607,7 +611,7 @@ class LimiterService:
         leaving = [self.agents[c.name] for c in dpus if c.name in self.agents]
         held = {a.dpu.name: self.shares.get(a.dpu.name) for a in leaving}
         # Stored before the change is: a control plane started after a crash waits as long as this one.
-        now = time.time()
+        now = self.clock.time()
         await asyncio.gather(
             self._holds(
                 [(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]]
@@ -620,7 +624,7 @@ class LimiterService:
         floored = await self._floor(leaving)
         for a, done in zip(leaving, floored, strict=True):
             self._hold_growth(
-                a.dpu.pod, time.monotonic() + (0.0 if done else self.lease_s) + _window_s(held[a.dpu.name])
+                a.dpu.pod, self.clock.monotonic() + (0.0 if done else self.lease_s) + _window_s(held[a.dpu.name])
             )
             if not done:
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
@@ -711,7 +715,7 @@ class LimiterService:
         agents, busy = snapshot or self.status_snapshot()
         gen, lease_gen, lifetime = self.state.generation, self.lease_gen, self.lease_s
         shares, issued_at = self.shares, self._lease_issued
-        now = time.monotonic()
+        now = self.clock.monotonic()
         out = []
         for name, a in sorted(agents, key=lambda item: item[0]):
             st = a.status
@@ -790,7 +794,9 @@ class LimiterService:
         "lapsed" here is when the DPU drops metered traffic, within the clock echo's round trip.
         """
         gen, granted = self.agents[name].status.lease_generation, self.shares.get(name) is not None
-        return LeaseView(*_lease(granted, gen, self._lease_issued, self.lease_gen, self.lease_s, time.monotonic()))
+        return LeaseView(
+            *_lease(granted, gen, self._lease_issued, self.lease_gen, self.lease_s, self.clock.monotonic())
+        )
 
 
 def _lease(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .clock import WALL, Clock
 from .dataplane import ProgramFiles
 from .reconciler import ELECTION_ID, Concurrency
 from .tls import TlsFiles
@@ -28,3 +29,4 @@ class Settings:
     rebalance_interval_s: float = 2.0
     rebalance_loop: bool = True
     concurrency: Concurrency = field(default_factory=Concurrency)  # DPUs worked on at once
+    clock: Clock = WALL  # the policy's time: leases, holds, periods (a simulation gives its own)

@@ -203,7 +203,7 @@ class Store:
 
     def hold_growth(self, holds: list[tuple[str, float]]) -> list[int]:
         """Record, in one transaction, that each (pod, until) pod's DPUs may not grow before `until`
-        (time.time()); returns the holds' ids."""
+        (seconds since the epoch); returns the holds' ids."""
         ids = []
         with self._writing() as cur:
             for pod, until in holds:
@@ -214,7 +214,7 @@ class Store:
 
     def hold_leases(self, holds: list[tuple[str, float]]) -> list[None]:
         """Record, in one transaction, that each (dpu, until) DPU may hold no lease before `until`
-        (time.time(); the later of two holds stands): a window change's hold, for a control plane
+        (seconds since the epoch; the later of two holds stands): a window change's hold, for a control plane
         restarted before it ends."""
         with self._writing() as cur:
             cur.executemany(
@@ -225,7 +225,7 @@ class Store:
         return [None] * len(holds)
 
     def lease_holds(self, now: float) -> dict[str, float]:
-        """Each DPU's lease hold still running at `now` (time.time()); the ended ones are forgotten."""
+        """Each DPU's lease hold still running at `now` (seconds since the epoch); the ended ones are forgotten."""
         with self._lock:
             self._db.execute("DELETE FROM lease_holds WHERE until <= ?", (now,))
             rows = self._db.execute("SELECT dpu, until FROM lease_holds").fetchall()
@@ -270,7 +270,7 @@ class Store:
         return out
 
     def growth_holds(self, now: float) -> dict[str, float]:
-        """Each pod's latest hold still running at `now` (time.time()); the ended ones are forgotten."""
+        """Each pod's latest hold still running at `now` (seconds since the epoch); the ended ones are forgotten."""
         with self._lock:
             self._db.execute("DELETE FROM growth_holds WHERE until <= ?", (now,))
             rows = self._db.execute("SELECT pod, MAX(until) FROM growth_holds GROUP BY pod").fetchall()

@@ -355,8 +355,11 @@ class Auditor:
                     mid = max(0, math.floor((self._since - first) / tl.bin_s + 1e-9))
                     hi = max(0, math.floor((t_s - first) / tl.bin_s + 1e-9))
                     counted = sum(tl.bins[mid:hi])
-                    if direction == "egress" and hi > lo:
-                        worst = max_window_bytes(tl.bin_s, tl.bins[lo:hi], cap.window_s)
+                    # The bin under way counts in the worst window too: the router-count check has seen it
+                    # (a real-time sample lands in the bin of its own time), and a run may end before the
+                    # next window would sign it (CI: an alert on 20 MB with no window signed violated).
+                    if direction == "egress" and hi + 1 > lo:
+                        worst = max_window_bytes(tl.bin_s, tl.bins[lo : hi + 1], cap.window_s)
                 router, spread, said, slack = self._drawn.pop(key, (counted, 0, None, 0))
                 probe = self._probed.pop(cap.pod, None) if direction == "egress" else None
                 verdict = self.evidence.window(

@@ -8,6 +8,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from .frames import Encap, shape
 from .report import Flow, Phase, Protocol, Report, write_report
 from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
+from .simclock import SimClock
 from .tcp_model import MSS, TcpReceiver, TcpSender, tcp_flow
 from .workloads import DilocoSpec, WorkloadSpec, describe, effective_slowdown, expand, workload_step
 
@@ -39,6 +41,7 @@ START_S = 0.1  # traffic starts a little after time zero, like the real lab's st
 LINGER_S = 0.05
 REBALANCE_S = 1.0  # simulated seconds between rebalancing passes of pods that rebalance
 WORKLOAD_PAYLOAD = 1400  # datagram payload of workload streams (as a flow's default size)
+QUIET_TIMEOUT_S = 30.0  # wall seconds the simulation waits for the control plane at a pause
 NEVER_S = 1e6  # "never" within any run (a far larger timeout upsets the gRPC event loop)
 
 
@@ -143,12 +146,14 @@ class VirtualLabRun:
         dpus: list[LabDpu] = []
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
-        # No real-time rebalancing loop and no periodic read-back: between simulation steps, rebalancing
-        # and the audit run on simulated time, so a run does not depend on how fast this machine is.
+        # The control plane runs its own loops (leases, rebalancing, holds) on the simulation's clock: it
+        # acts at the simulated instants it asks for, while the simulation waits (no periodic read-back:
+        # the audit reads back at its own ticks), so a run does not depend on how fast this machine is.
+        self._clock = SimClock()
         plane = ControlPlane(
             db,
             "127.0.0.1:0",
-            Settings(rebalance_interval_s=REBALANCE_S, rebalance_loop=False, resync_s=NEVER_S, lease_loop=False),
+            Settings(rebalance_interval_s=REBALANCE_S, resync_s=NEVER_S, clock=self._clock),
         )
         try:
             for name, role, pod_name in limiters_of(sc):
@@ -184,7 +189,8 @@ class VirtualLabRun:
         """Carry out a scenario event at simulated time `t_s`; returns its record for the report."""
         if ev.action == "set-cap":
             async with LimiterClient(plane.address) as client:
-                await set_cap(client, self.scenario, ev, wait=True)  # the simulation waits: no simulated time
+                await set_cap(client, self.scenario, ev, wait=False)
+            await self._quiet(plane)  # the simulation waits: no simulated time
             self._say(f"t={t_s:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
             return {"t_s": t_s, "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
         assert ev.dpu is not None
@@ -217,19 +223,19 @@ class VirtualLabRun:
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         self._servers[name] = (server, port)
-        agent = plane.service.agents[name]
         deadline = time.monotonic() + timeout_s
-        # Back with its lease too: the control plane holds a DPU that lost its state without one for a
-        # while (docs/leases.md), on its own clock, the wall clock, while the simulation is paused.
-        while not (
-            device.pipeline is not None
-            and agent.status.connected
-            and agent.holds(plane.service.state.generation)
-            and (agent.status.lease_generation is not None or plane.service.shares.get(name) is None)
-        ):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: not reprogrammed within {timeout_s:g} s of its restart")
-            await asyncio.sleep(0.05)
+        # Reprogrammed, as the API says; its lease comes later, on the simulation's clock: the control
+        # plane holds a DPU that lost its state without one for a while (docs/leases.md).
+        async with LimiterClient(plane.address) as client:
+            while True:
+                status = await client.status()
+                row = next(d for d in status.dpus if d.name == name)
+                if device.pipeline is not None and row.connected and row.generation_applied >= status.generation:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name}: not reprogrammed within {timeout_s:g} s of its restart")
+                await asyncio.sleep(0.05)
+        await self._quiet(plane)
 
     async def _simulate(  # type: ignore[type-arg]
         self, clock: VirtualClock, devices: dict[str, Device], plane: ControlPlane
@@ -274,7 +280,6 @@ class VirtualLabRun:
         end_ns = int((t + LINGER_S) * NS)
         probes = self._probes(net, end_ns) if sc.audit is not None and "probe" in sc.audit.checks else []
         cpu0, wall0 = time.process_time(), time.monotonic()
-        rebalancing = [c.pod for c in sc.caps if c.rebalance]
         auditor = None
         if sc.audit is not None:
             view = AgentView({name: plane.service.agents[name] for name in devices}, plane.address)
@@ -284,32 +289,21 @@ class VirtualLabRun:
                 scope(sc), net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
             )
             auditor.open_evidence(self.out_dir / "evidence")
-        plan = _stops(
-            sc,
-            end_ns,
-            REBALANCE_S if rebalancing else None,
-            sc.audit.interval_s if sc.audit else None,
-            plane.service.lease_s / 3,
-            sc.topology.routing.period_s,
-        )
+        plan = _stops(sc, end_ns, sc.audit.interval_s if sc.audit else None, sc.topology.routing.period_s)
         events: list[dict[str, object]] = []
         assignments: list[dict[str, object]] = [{"t_s": 0.0, "routers": dict(net.router_of)}]
-        for t_ns, todo in plan:
+        for t_ns, todo in self._pauses(plan):
             # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
             await asyncio.to_thread(engine.run, t_ns)
-            # The control plane, the audit and compromised firmware act in no simulated time.
-            if "lease" in todo:
-                service = plane.service
-                tickets = service.renew_leases()
-                await asyncio.gather(*(service.agents[n].wait_applied(t, 30.0) for n, t in tickets.items()))
-            if "rebalance" in todo:
-                for pod in rebalancing:
-                    if await plane.service.rebalance_pod(pod, t_ns / NS):
-                        await plane.service.settle(pod)
+            # The control plane, the audit and compromised firmware act in no simulated time: the control
+            # plane's timers due now fire, and the simulation waits until it has done what they started.
+            if self._clock.advance(t_ns / NS):
+                await self._quiet(plane)
             if "reroute" in todo:
                 new = sc.topology.assignment(len(assignments))
                 async with LimiterClient(plane.address) as client:
                     await reroute(client, sc, net.router_of, new)
+                await self._quiet(plane)
                 net.reroute(new)
                 assignments.append({"t_s": t_ns / NS, "routers": new})
             if "audit" in todo and auditor is not None:
@@ -382,6 +376,19 @@ class VirtualLabRun:
             )
         return report, series
 
+    def _pauses(self, plan: list[tuple[int, dict[str, list[object]]]]) -> Iterator[tuple[int, dict[str, list[object]]]]:
+        """The scenario's stops, and between them each instant a timer of the control plane is due at
+        (with nothing of the scenario's to do), in time order up to the last stop."""
+        for t_ns, todo in plan:
+            while (due := self._clock.next_due()) is not None and (due_ns := math.ceil(due * NS)) < t_ns:
+                yield due_ns, {}
+            yield t_ns, todo
+
+    async def _quiet(self, plane: ControlPlane) -> None:
+        """Wait until the control plane has done what it started (QUIET_TIMEOUT_S of wall time at most)."""
+        if not await plane.quiet(QUIET_TIMEOUT_S):
+            self._say(f"t={self._clock.now:.1f} s: the control plane is still busy after {QUIET_TIMEOUT_S:g} s")
+
     def _probes(self, net: SimNetwork, end_ns: int) -> list[Probe]:
         """Start each capped pod's probe: a burst at the start of every audit interval (audit.py)."""
         sc = self.scenario
@@ -416,16 +423,12 @@ class VirtualLabRun:
 
 
 def _stops(
-    sc: Scenario,
-    end_ns: int,
-    rebalance_s: float | None,
-    audit_s: float | None,
-    renew_s: float,
-    reroute_s: float | None,
+    sc: Scenario, end_ns: int, audit_s: float | None, reroute_s: float | None
 ) -> list[tuple[int, dict[str, list[object]]]]:
-    """Simulated instants where the simulation pauses, each with what happens then, in time order."""
+    """Simulated instants where the scenario pauses the simulation, each with what happens then, in time
+    order (the control plane's own timers add theirs: VirtualLabRun._pauses)."""
     stops: dict[int, dict[str, list[object]]] = {end_ns: {}}
-    every_s = (("lease", renew_s), ("rebalance", rebalance_s), ("audit", audit_s), ("reroute", reroute_s))
+    every_s = (("audit", audit_s), ("reroute", reroute_s))
     for what, every in every_s:
         if every is not None:
             for k in range(1, int(end_ns / (every * NS)) + 1):

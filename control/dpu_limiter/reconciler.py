@@ -221,6 +221,11 @@ class DpuAgent:
         self._changed.set()
         return self._poked
 
+    @property
+    def busy(self) -> bool:
+        """Whether it has a change to apply and a connection to apply it over."""
+        return self.status.connected and self.applied < self._poked
+
     async def wait_applied(self, ticket: int, timeout: float) -> bool:
         """Wait until a reconcile that started after poke `ticket` has succeeded."""
         return await self._wait_for(lambda: self.applied >= ticket, timeout)

@@ -76,6 +76,11 @@ class ControlPlane:
                 await self.stop()
                 raise OSError(f"metrics endpoint: cannot listen on {self.metrics_listen}: {exc.strerror}") from None
 
+    async def quiet(self, timeout: float = 30.0) -> bool:
+        """Wait until nothing is left to do before the clock moves on (a simulation's clock: Settings.clock);
+        whether that came within `timeout` s of wall time."""
+        return await self.service.quiet(timeout)
+
     async def stop(self) -> None:
         """Stop serving, stop the agents, close the store."""
         if self.metrics is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -19,7 +20,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,6 +51,7 @@ LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals ev
 # time, yielding to the event loop in between, so that reads and lease renewals are answered meanwhile.
 BATCH = 256
 RECHECK_S = 1.0  # how often a wait for a silent DPU's old lease to end looks again
+QUIET_TURNS = 3  # turns of the event loop with nothing to do before the control plane is quiet
 START_BATCH = 64  # agents whose connections are opened at once (each costs the loop ~0.15 ms)
 # Agents made or started between two freezes of the heap (see _freeze_heap).
 FREEZE_EVERY = 1024
@@ -121,6 +123,7 @@ class LimiterService:
         self.rebalance_interval_s = settings.rebalance_interval_s
         self.rebalance_loop = settings.rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
         self._rebalancer: asyncio.Task[None] | None = None
+        self._parked_tasks: set[asyncio.Task[object]] = set()  # loops and passes waiting on DPUs or the clock (quiet)
 
     async def start(self) -> None:
         """Start an agent for every stored DPU (a restart resumes from the store).
@@ -265,7 +268,8 @@ class LimiterService:
     async def _lease_loop(self) -> None:
         # A third of the lifetime between renewals: one lost renewal does not let a lease lapse.
         while True:
-            await self.clock.sleep(self.lease_s / 3)
+            with self._parked():
+                await self.clock.sleep(self.lease_s / 3)
             self.renew_leases()
 
     # ---------------------------------------------------------------- shares
@@ -290,6 +294,39 @@ class LimiterService:
             for pod in list(itertools.islice(self._reshare_due, BATCH)):
                 self._reshare(pod)
             await asyncio.sleep(0)
+
+    @contextlib.contextmanager
+    def _parked(self) -> Iterator[None]:
+        """The current task (a loop or a share pass) waits on DPUs or on the clock from here (quiet)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._parked_tasks.add(task)
+        try:
+            yield
+        finally:
+            self._parked_tasks.discard(task)
+
+    async def quiet(self, timeout: float = 30.0) -> bool:
+        """Wait until the control plane has nothing left to do before its clock moves on (at most
+        `timeout` s of wall time; whether it got there).
+
+        Nothing left: no agent has a change to apply over a connection, no agent waits to start, and
+        every share pass has ended or waits on its DPUs or on the clock. A simulation moves its clock
+        only then, so that the control plane acts in no simulated time, as it would act at once.
+        """
+        deadline = asyncio.get_running_loop().time() + timeout
+        calm = 0
+        while calm < QUIET_TURNS:
+            tasks = [*self._resharing.values(), *self._storing, self._leaser, self._rebalancer]
+            running = [t for t in tasks if t is not None and not t.done() and t not in self._parked_tasks]
+            starting = self._to_start or (self._starter is not None and not self._starter.done())
+            busy = running or starting or self._reshare_due or any(a.busy for a in self.agents.values())
+            calm = 0 if busy else calm + 1
+            if busy and asyncio.get_running_loop().time() > deadline:
+                return False
+            # A task woken by a DPU's confirmation resumes on a later turn of the loop: a few calm turns in a row.
+            await asyncio.sleep(0 if not busy else 0.001)
+        return True
 
     async def settle(self, pod: str) -> None:
         """Wait until the pod's share change (if any) has been applied."""
@@ -332,16 +369,21 @@ class LimiterService:
                     self._aging[n] = (tickets[n], max(w, self._aging.get(n, (0, 0.0))[1]))
             # Grants an earlier (cancelled) pass made and nobody has confirmed yet are waited for too.
             tickets = {**{n: self._unconfirmed[n] for n in target if n in self._unconfirmed}, **tickets}
-            await self._held_back(pod, tickets, step_timeout)
+            with self._parked():
+                await self._held_back(pod, tickets, step_timeout)
             # Step 2, grow: after any DPU that left without being floored has lost its lease, and what
             # shrank has aged out of its window.
             wait = self._growth_hold(pod) - self.clock.monotonic()
             if wait > 0:
                 LOG.warning("pod %s: growing shares in %.1f s (a lease to end, or a window to age)", pod, wait)
-                await self.clock.sleep(wait)
+                with self._parked():
+                    await self.clock.sleep(wait)
             if hold is not None:  # nothing that shrank can pass its old share any more
                 await self._releases([hold])
-            if not await self._confirmed(await self._grant(target), step_timeout):
+            tickets = await self._grant(target)
+            with self._parked():
+                confirmed = await self._confirmed(tickets, step_timeout)
+            if not confirmed:
                 LOG.warning("pod %s: growing shares is not confirmed by every DPU yet", pod)
 
     def _aged(self, name: str, ticket: int | None) -> None:
@@ -440,8 +482,13 @@ class LimiterService:
                 if waited >= step_timeout:
                     LOG.warning("pod %s: %s has not confirmed its smaller share yet; not growing any", pod, name)
                     waited = 0.0
-                wait = min(step_timeout - waited, RECHECK_S, lapse - now)
-                if await agent.wait_applied(ticket, wait):
+                wait = min(step_timeout - waited, RECHECK_S)
+                try:
+                    async with self.clock.timeout(lapse - now):  # the lapse on the policy's clock
+                        applied = await agent.wait_applied(ticket, wait)
+                except TimeoutError:
+                    continue  # its lease has ended: the loop says so
+                if applied:
                     self._confirm(name, ticket)
                     break
                 waited += wait
@@ -472,7 +519,8 @@ class LimiterService:
 
     async def _rebalance_loop(self, interval_s: float) -> None:
         while True:
-            await self.clock.sleep(interval_s)
+            with self._parked():
+                await self.clock.sleep(interval_s)
             for pod, cap in list(self.state.caps.items()):
                 if cap.rebalance:
                     try:

@@ -25,6 +25,7 @@ from rich.console import Console
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import ARP_BURST_BYTES, MAX_FRAME_BYTES
 
+from .audit import read_back_s
 from .bmv2_firmware import NO_FORGE, bmv2_python_dir
 from .boundary import BoundaryProcess, taps_of, write_taps
 from .calibrate import Calibration, calibrate, scaled
@@ -201,10 +202,10 @@ class LabRun:
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
         log = (self.out_dir / "raw" / "control-plane.log").open("wb")
-        # With an audit, the control plane reads every DPU back as often as the audit checks.
-        # The verifier's audit reads back (and hashes pipelines) as often as it checks.
-        every = str(self.scenario.audit.interval_s) if self.scenario.audit else ""
-        resync = ["--resync-s", every, "--pipeline-check-s", every] if every else []
+        # With an audit, the control plane reads every DPU back (and hashes its pipeline) often enough for
+        # the audit to see a correction by its next tick (audit.read_back_s).
+        every = read_back_s(self.scenario)
+        resync = ["--resync-s", f"{every:g}", "--pipeline-check-s", f"{every:g}"] if every else []
         self.control = subprocess.Popen(
             [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr, *resync],
             stdout=log,

@@ -22,9 +22,9 @@ from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from dpu_softswitch.clock import VirtualClock
 from dpu_softswitch.firmware import LocalFirmware
 from dpu_softswitch.server import Device, add_to_server
-from dpu_verifier.checks import Auditor, Probe
+from dpu_verifier.checks import ApiView, Auditor, Probe
 
-from .audit import PROBE_PORT, AgentView, scope
+from .audit import PROBE_PORT, read_back_s, scope
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
 from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, sealing_summary, set_cap
@@ -146,14 +146,15 @@ class VirtualLabRun:
         dpus: list[LabDpu] = []
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
-        # The control plane runs its own loops (leases, rebalancing, holds) on the simulation's clock: it
-        # acts at the simulated instants it asks for, while the simulation waits (no periodic read-back:
-        # the audit reads back at its own ticks), so a run does not depend on how fast this machine is.
+        # The control plane runs its own loops (leases, rebalancing, holds, read-back) on the simulation's
+        # clock: it acts at the simulated instants it asks for, while the simulation waits, so a run does
+        # not depend on how fast this machine is. It reads DPUs back only for an audit.
         self._clock = SimClock()
+        every = read_back_s(sc) or NEVER_S
         plane = ControlPlane(
             db,
             "127.0.0.1:0",
-            Settings(rebalance_interval_s=REBALANCE_S, resync_s=NEVER_S, clock=self._clock),
+            Settings(rebalance_interval_s=REBALANCE_S, resync_s=every, pipeline_check_s=every, clock=self._clock),
         )
         try:
             for name, role, pod_name in limiters_of(sc):
@@ -282,7 +283,7 @@ class VirtualLabRun:
         cpu0, wall0 = time.process_time(), time.monotonic()
         auditor = None
         if sc.audit is not None:
-            view = AgentView({name: plane.service.agents[name] for name in devices}, plane.address)
+            view = ApiView(plane.address)
             # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
             largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
             auditor = Auditor(

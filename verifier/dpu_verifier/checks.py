@@ -188,7 +188,7 @@ class ApiView:
         out: dict[str, tuple[int, int]] = {}
         for u in usage.usage:
             passed, metered = out.get(u.pod, (0, 0))
-            # As audit.passed_and_metered: ARP has a meter of its own (arp_bytes: what it passed).
+            # ARP has a meter of its own (arp_bytes: what it passed).
             if u.direction == "egress":
                 passed += u.green_bytes + u.yellow_bytes + u.arp_bytes
             else:

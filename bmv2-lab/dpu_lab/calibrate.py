@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from typing import Any, Literal
 from rich.console import Console
 
 from .config import Scenario
+from .report import Report
 from .targets import BMV2_BINARY, TargetKind
 
 CAL_SECONDS = 3.0
@@ -160,16 +162,19 @@ def scaled(sc: Scenario, k: float, dpu_room: int = 0) -> Scenario:
 
 
 def calibrate(
-    sc: Scenario, kind: TargetKind, traffic: str, out_dir: Path, console: Console, rescale: bool = False
+    sc: Scenario,
+    kind: TargetKind,
+    run: Callable[[Scenario, Path], Report],
+    out_dir: Path,
+    console: Console,
+    rescale: bool = False,
 ) -> Calibration:
-    """Measure the capacity the scenario needs; raise CalibrationError when the cap would not be what limits
-    (with `rescale`, return the factor that makes it fit instead: verdict "rescaled", `scale`)."""
-    from .runner import LabRun  # the calibration is a lab run of its own
-
+    """Measure the capacity the scenario needs, with `run` (a lab run of the calibration scenario on the same
+    target and traffic, its report in the given folder); raise CalibrationError when the cap would not be
+    what limits (with `rescale`, return the factor that makes it fit instead: verdict "rescaled", `scale`)."""
     highest_cap, load = needed(sc)
     offered = min(CAL_CEILING_BPS, 2 * max(highest_cap, load))
-    quiet = Console(stderr=True, quiet=True)
-    report = LabRun(calibration_scenario(offered), out_dir, kind, traffic, console=quiet).run()  # type: ignore[arg-type]
+    report = run(calibration_scenario(offered), out_dir)
     capacity = report.flows[0].delivered_bps
     base = dict(
         target=kind,

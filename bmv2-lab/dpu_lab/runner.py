@@ -38,13 +38,13 @@ from .evaluate import (
     dpu_counters,
     evaluate,
     host_macs,
-    sealing_summary,
     set_cap,
 )
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
-from .report import Flow, Phase, Report, write_report
+from .outcome import event_record, finish
+from .report import Flow, Phase, Report
 from .targets import BUFFER_BYTES, TargetKind, TargetProcess, bmv2_has_thrift, bmv2_path, free_port, start_target
 
 BASE_PORT = 5201
@@ -103,8 +103,13 @@ class LabRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
         if self.calibrate:
+            quiet = Console(stderr=True, quiet=True)
+
+            def measure(cal: Scenario, out: Path) -> Report:
+                return LabRun(cal, out, self.target, self.traffic, console=quiet).run()
+
             self.calibration = calibrate(
-                sc, self.target, self.traffic, self.out_dir / "calibration", self.console, self.rescale
+                sc, self.target, measure, self.out_dir / "calibration", self.console, self.rescale
             )
             if self.calibration.verdict == "rescaled":
                 room = BUFFER_BYTES[self.target] + ARP_BURST_BYTES + MAX_FRAME_BYTES
@@ -177,22 +182,11 @@ class LabRun:
             sc, captured, boundary, phases, flow_results, t_start, duration, self.target, self.traffic
         )
         report.dpu_counters = asyncio.run(dpu_counters(self.api))
-        report.events = self.events
-        if self.live is not None and self.live.auditor is not None and sc.audit is not None:
-            if self.live.error:
-                raise RuntimeError(f"the audit failed: {self.live.error}")
-            broken = {f"{r.pod} {r.direction}" for r in report.results if r.verdict == "no"}
-            compromises = [e for e in self.events if e["action"] == "compromise"]
-            report.audit = self.live.auditor.summary(sc.audit.interval_s, compromises, broken)
-            report.audit["evidence"] = self.live.auditor.close_evidence()
+        if self.live is not None and self.live.error:
+            raise RuntimeError(f"the audit failed: {self.live.error}")
         report.calibration = self.calibration.as_dict() if self.calibration else None
-        report.sealing = sealing_summary(sc, sealing)
-        write_report(self.out_dir, report, series)
-        verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
-        if not report.cap_held and report.results and all(r.verdict != "no" for r in report.results):
-            verdict = "[red]not shown to hold[/] (the boundary capture lost frames)"
-        self._say(f"cap {verdict}; report in {self.out_dir}")
-        return report
+        auditor = self.live.auditor if self.live is not None else None
+        return finish(sc, self.out_dir, report, series, self.events, auditor, sealing, self._say)
 
     # ------------------------------------------------------------------ control plane
 
@@ -368,18 +362,14 @@ class LabRun:
             assert self.api is not None
             asyncio.run(self._set_cap(ev))
             self._say(f"event at {t:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
-            self.events.append(
-                {"t_s": round(t, 3), "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
-            )
+            self.events.append(event_record(ev, t))
             return
         i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
         if ev.action == "compromise":
             assert ev.how is not None
             compromise(tp.management(), ev.how, ev.forge, list(host_macs(self.scenario).values()))
             self._say(f"event at {t:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
-            self.events.append(
-                {"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
-            )
+            self.events.append(event_record(ev, t))
             return
         self._say(f"event at {t:.1f} s: {ev.dpu} killed, back in {ev.down_s:g} s with no pipeline")
         tp.process.kill()  # the process we started, by its handle
@@ -392,7 +382,7 @@ class LabRun:
         self.targets[i] = start_target(
             tp.name, tp.kind, tp.device_id, lim.interfaces(), self.out_dir / "raw", port=port
         )
-        self.events.append({"t_s": round(t, 3), "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s})
+        self.events.append(event_record(ev, t))
 
     def _flow_result(self, f, sender: _Proc, receiver: _Proc, duration: float) -> Flow:  # type: ignore[no-untyped-def]
         import json

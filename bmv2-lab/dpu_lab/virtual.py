@@ -27,9 +27,10 @@ from dpu_verifier.checks import ApiView, Auditor, Probe
 from .audit import PROBE_PORT, read_back_s, scope
 from .compromise import compromise
 from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
-from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, sealing_summary, set_cap
+from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, set_cap
 from .frames import Encap, shape
-from .report import Flow, Phase, Protocol, Report, write_report
+from .outcome import event_record, finish
+from .report import Flow, Phase, Protocol, Report
 from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
 from .simclock import SimClock
@@ -169,20 +170,16 @@ class VirtualLabRun:
             async with LimiterClient(plane.address) as client:
                 await configure(client, sc, dpus)
             self._say(f"scenario [bold]{sc.name}[/]: {len(devices)} embedded targets programmed by the control plane")
-            report, series = await self._simulate(clock, devices, plane)
+            report, series, auditor, events = await self._simulate(clock, devices, plane)
             self.series = series
             report.dpu_counters = await dpu_counters(plane.address)
         finally:
             await plane.stop()
             for server, _ in self._servers.values():
                 await server.stop(grace=0)
-        report.sealing = sealing_summary(sc, self.seal_stats)
-        write_report(self.out_dir, report, series)
         for host, stats in self.seal_stats.items():  # as the real engines write theirs (netns.py)
             (self.out_dir / "raw" / f"seal-{host}.json").write_text(json.dumps(stats, indent=2) + "\n")
-        verdict = "[green]held[/]" if report.cap_held else "[red]NOT held[/]"
-        self._say(f"cap {verdict}; report in {self.out_dir}")
-        return report
+        return finish(sc, self.out_dir, report, series, events, auditor, self.seal_stats, self._say)
 
     async def _event(
         self, ev: EventSpec, t_s: float, devices: dict[str, Device], plane: ControlPlane
@@ -193,16 +190,16 @@ class VirtualLabRun:
                 await set_cap(client, self.scenario, ev, wait=False)
             await self._quiet(plane)  # the simulation waits: no simulated time
             self._say(f"t={t_s:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
-            return {"t_s": t_s, "action": ev.action, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
+            return event_record(ev, t_s)
         assert ev.dpu is not None
         if ev.action == "restart-dpu":
             await self._kill(ev.dpu, devices[ev.dpu])
             self._say(f"t={t_s:.1f} s: {ev.dpu} down for {ev.down_s:g} s, back with no pipeline")
-            return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "down_s": ev.down_s}
+            return event_record(ev, t_s)
         assert ev.how is not None
         compromise(LocalFirmware(devices[ev.dpu]), ev.how, ev.forge, list(host_macs(self.scenario).values()))
         self._say(f"t={t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
-        return {"t_s": t_s, "action": ev.action, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
+        return event_record(ev, t_s)
 
     async def _kill(self, name: str, device: Device) -> None:
         """The DPU dies: its P4Runtime server goes away and it forgets its pipeline and state."""
@@ -238,9 +235,9 @@ class VirtualLabRun:
                 await asyncio.sleep(0.05)
         await self._quiet(plane)
 
-    async def _simulate(  # type: ignore[type-arg]
+    async def _simulate(
         self, clock: VirtualClock, devices: dict[str, Device], plane: ControlPlane
-    ) -> tuple[Report, dict]:
+    ) -> tuple[Report, PlotSeries, Auditor | None, list[dict[str, object]]]:
         sc = self.scenario
         engine = Engine(clock)
         net = SimNetwork(sc.topology, {name: d.process for name, d in devices.items()}, engine)
@@ -360,22 +357,11 @@ class VirtualLabRun:
             sc, net.captures(), net.boundary(), phases, flows, 0.0, duration, "embedded", "simulated"
         )
         report.time = "virtual"
-        report.events = events
         if len(sc.topology.routers) > 1:
             routing = sc.topology.routing
             report.routing = {"assign": routing.assign, "period_s": routing.period_s, "assignments": assignments}
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
-        if auditor is not None and sc.audit is not None:
-            compromises = [e for e in events if e["action"] == "compromise"]
-            broken = {f"{r.pod} {r.direction}" for r in report.results if not r.compliant}
-            report.audit = auditor.summary(sc.audit.interval_s, compromises, broken)
-            report.audit["evidence"] = auditor.close_evidence()
-            found = report.audit["alerts"]
-            self._say(
-                f"audit: {len(found)} alert(s)"
-                + "".join(f"\n  {a['t_s']:.1f} s {a['check']} {a['where']}: {a['detail']}" for a in found)
-            )
-        return report, series
+        return report, series, auditor, events
 
     def _pauses(self, plan: list[tuple[int, dict[str, list[object]]]]) -> Iterator[tuple[int, dict[str, list[object]]]]:
         """The scenario's stops, and between them each instant a timer of the control plane is due at

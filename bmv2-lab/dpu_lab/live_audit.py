@@ -78,7 +78,8 @@ class LiveAudit:
     _probe_socks: dict[int, socket.socket] = field(default_factory=dict)  # port -> the router's socket
     _probe_senders: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _probe_pending: list[tuple[float, int, int]] = field(default_factory=list)  # (sent at, port, wire bytes)
-    _probe_counted: dict[int, int] = field(default_factory=dict)  # port -> bytes of bursts judged so far
+    _probes: dict[int, Probe] = field(default_factory=dict)  # port -> its probe (bytes counted per burst)
+    _probe_first: float = 0.0  # when the first bursts start (time.time()); one every interval after
 
     def start(self) -> None:
         """Begin sampling and checking."""
@@ -117,8 +118,7 @@ class LiveAudit:
         sc, audit = self.scenario, self.scenario.audit
         assert audit is not None and self.spawn is not None
         interval = audit.interval_s
-        first = self.t_start + math.ceil(PROBE_LEAD_S / interval) * interval
-        probes = []
+        first = self._probe_first = self.t_start + math.ceil(PROBE_LEAD_S / interval) * interval
         for i, cap in enumerate(sc.caps):
             pod, port = sc.topology.pod(cap.pod), PROBE_PORT + i
             to = next(p for p in sc.topology.pods if p.name != cap.pod).gateway  # the router, outside the pod
@@ -137,8 +137,8 @@ class LiveAudit:
             )
             offered = int(audit.probe_factor * rate * audit.probe_s / 8)
             allowed = probe_allowance_bytes(cap, rate, audit.probe_s) + PROBE_SLACK_BYTES
-            probes.append(Probe(cap.pod, self._probe_counted, port, offered, allowed))
-        return probes
+            self._probes[port] = Probe(cap.pod, offered, allowed)
+        return list(self._probes.values())
 
     def _drain_probes(self) -> None:
         """Read what reached the router's probe sockets since the last sample."""
@@ -153,15 +153,23 @@ class LiveAudit:
                     self._probe_pending.append((UDP_HEADER.unpack_from(buf)[1], port, n + UDP_OVERHEAD_BYTES))
 
     def _judge_probes(self, boundary: float) -> None:
-        """Count every probe datagram sent before `boundary` (an interval's end) as judged by the coming tick."""
+        """Count every probe datagram sent before `boundary` (an interval's end) against the burst it was sent
+        in, for the coming tick; the burst that just ended is judged even if none of it arrived."""
+        assert self.scenario.audit is not None
+        interval = self.scenario.audit.interval_s
         self._drain_probes()
         keep = []
         for sent, port, wire in self._probe_pending:
             if sent < boundary:
-                self._probe_counted[port] = self._probe_counted.get(port, 0) + wire
+                bursts = self._probes[port].bursts
+                k = math.floor((sent - self._probe_first) / interval)
+                bursts[k] = bursts.get(k, 0) + wire
             else:
                 keep.append((sent, port, wire))
         self._probe_pending = keep
+        if (ended := round((boundary - self._probe_first) / interval) - 1) >= 0:
+            for probe in self._probes.values():
+                probe.bursts.setdefault(ended, 0)
 
     def _resample(self) -> None:
         """Add the router's counts since the last sample to its timelines."""

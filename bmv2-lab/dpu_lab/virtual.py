@@ -121,6 +121,8 @@ class VirtualLabRun:
     _workloads: list[tuple[str, WorkloadSpec, list[_Sending]]] = field(default_factory=list)
     series: PlotSeries = field(default_factory=dict)  # receiver-side throughput, as plotted (after run())
     seal_stats: dict[str, dict[str, object]] = field(default_factory=dict)  # node DPUs' engines (after run())
+    # Each probe, and where its receiver counts bytes by port (_count_probes).
+    _probe_feeds: list[tuple[Probe, dict[int, int], int]] = field(default_factory=list)
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -305,6 +307,7 @@ class VirtualLabRun:
                 net.reroute(new)
                 assignments.append({"t_s": t_ns / NS, "routers": new})
             if "audit" in todo and auditor is not None:
+                self._count_probes(t_ns / NS)
                 await auditor.tick(t_ns / NS)
             for ev in todo.get("revive", []):
                 assert isinstance(ev, EventSpec) and ev.dpu is not None
@@ -397,16 +400,22 @@ class VirtualLabRun:
             port = PROBE_PORT + i
             source = udp_source(net, src_pod.hosts[0], dst_pod.hosts[0], port, bursts, payload)
             source.start()
-            out.append(
-                Probe(
-                    cap.pod,
-                    net.receivers[dst_pod.hosts[0]].bytes_by_port,
-                    port,
-                    int(sc.audit.probe_factor * rate * probe_s / 8),
-                    probe_allowance_bytes(cap, rate, probe_s) + largest,
-                )
+            probe = Probe(
+                cap.pod,
+                int(sc.audit.probe_factor * rate * probe_s / 8),
+                probe_allowance_bytes(cap, rate, probe_s) + largest,
             )
+            out.append(probe)
+            self._probe_feeds.append((probe, net.receivers[dst_pod.hosts[0]].bytes_by_port, port))
         return out
+
+    def _count_probes(self, t_s: float) -> None:
+        """Before the audit's tick at `t_s`: what arrived since the last is the burst that began one interval
+        ago (simulated time has no stragglers: each burst ends well before the tick)."""
+        assert self.scenario.audit is not None
+        burst = round(t_s / self.scenario.audit.interval_s) - 1
+        for probe, received, port in self._probe_feeds:
+            probe.bursts[burst] = received.get(port, 0) - sum(probe.bursts.values())
 
 
 def _stops(

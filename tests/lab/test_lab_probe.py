@@ -10,6 +10,7 @@ import pytest
 
 from dpu_lab.config import ConfigError, load_scenario
 from dpu_lab.virtual import VirtualLabRun
+from dpu_verifier.checks import ApiView, Probe
 from helpers.scenarios import probed_scenario as scenario
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,3 +46,35 @@ def test_a_probe_too_short_to_exceed_the_allowance_is_refused(tmp_path: Path) ->
         load_scenario(scenario(tmp_path, ["probe"], None, probe_s=0.05))
     with pytest.raises(ConfigError, match="probe_s: 1.5 must be shorter than interval_s"):
         load_scenario(scenario(tmp_path, ["probe"], None, probe_s=1.5))
+
+
+async def test_a_straggler_counts_against_its_own_burst_not_the_next(tmp_path: Path) -> None:
+    """Real time: a burst's last datagrams reach the router after the tick that judged it (a slow target, a
+    loaded machine). Counted with the next burst they made a clean run alarm once; counted against their
+    own burst, a clean run stays quiet and a burst that is over its allowance, late bytes included, is not."""
+    from dpu_lab.live_audit import LiveAudit
+    from dpu_verifier.checks import Auditor
+
+    sc = load_scenario(scenario(tmp_path, ["probe"], None))
+    live = LiveAudit(sc, "127.0.0.1:1", "ns", dict, t_start=1000.0)
+    probe = live._probes[60000] = Probe("a", offered_bytes=500_000, allowance_bytes=300_000)
+    live._probe_first = 1001.0
+    auditor = Auditor([], {}, ApiView("127.0.0.1:1"), checks=["probe"], probes=[probe])
+
+    def datagrams(burst: int, n: int, late: bool = False) -> None:
+        start = 1001.0 + burst + (0.4 if late else 0.0)  # late: the end of the burst's half second
+        live._probe_pending += [(start + i * 1e-4, 60000, 1000) for i in range(n)]
+
+    datagrams(0, 200)  # 200,000 B of burst 0 reached the router before the tick at 1002
+    live._judge_probes(1002.0)
+    await auditor.tick(2.0)
+    datagrams(0, 90, late=True)  # 90,000 B more of burst 0 arrive only now
+    datagrams(1, 290)  # and all of burst 1: 290,000 B
+    live._judge_probes(1003.0)
+    await auditor.tick(3.0)
+    assert probe.bursts == {0: 290_000, 1: 290_000} and auditor.alerts == []  # 580,000 B in one tick before
+    datagrams(1, 20, late=True)  # burst 1 now has 310,000 B: over its allowance, late or not
+    live._judge_probes(1004.0)
+    await auditor.tick(4.0)
+    assert probe.bursts[2] == 0  # burst 2 lost entirely: judged at nothing
+    assert [a.check for a in auditor.alerts] == ["probe"] and "310000 got through" in auditor.alerts[0].detail

@@ -108,14 +108,17 @@ class Alert:
 
 @dataclass
 class Probe:
-    """One pod's probe: the bytes its receiver counts on the probe's port, and what the cap allows."""
+    """One pod's probe: what its receiver counted of each burst so far, and what the cap allows a burst.
+
+    Bytes are counted against the burst they were sent in, whenever they arrive: a straggler of one burst
+    (held up in a slow target, or by a loaded machine) counted with the next had made a clean run alarm.
+    """
 
     pod: str
-    received: dict[int, int]  # the probe receiver's bytes by destination port
-    port: int
     offered_bytes: int  # per burst
     allowance_bytes: int  # per burst (with slack for the last frame or segment in flight)
-    last: int = 0
+    bursts: dict[int, int] = field(default_factory=dict)  # burst number -> bytes counted (fed by who receives)
+    judged: dict[int, int] = field(default_factory=dict)  # burst number -> bytes it had when last judged
 
 
 @dataclass(frozen=True)
@@ -252,12 +255,17 @@ class Auditor:
         self._since = t_s
 
     def _probe(self, t_s: float) -> None:
-        # Each interval's burst ends before the tick, so what arrived since the last tick is one burst.
+        # Every burst with bytes counted since it was last judged is judged again, whole; the window's
+        # figure is a burst over its allowance if any, else the latest.
         for p in self.probes:
-            now = p.received.get(p.port, 0)
-            got, p.last = now - p.last, now
+            changed = sorted(k for k, n in p.bursts.items() if p.judged.get(k) != n)
+            if not changed:
+                continue
+            p.judged.update((k, p.bursts[k]) for k in changed)
+            over = [k for k in changed if p.bursts[k] > p.allowance_bytes]
+            got = p.bursts[over[-1] if over else changed[-1]]
             self._probed[p.pod] = ProbeResult(p.offered_bytes, got, p.allowance_bytes)
-            if got > p.allowance_bytes:
+            if over:
                 self._alert(
                     t_s,
                     "probe",

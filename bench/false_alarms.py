@@ -1,0 +1,98 @@
+"""A long clean run under the verifier's every check: how many alarms it raises (the goal: none).
+
+    python bench/false_alarms.py [--seconds 600] [--time virtual|real] [--target embedded|bmv2]
+
+Two pods on the lab's two-pods topology; pod a capped at 8 Mbit/s (100 kB bucket, 2 s window) and
+offered twice that, pod b far above and sending 4 Mbit/s to a; audited every second by read-back,
+router-count, conservation and active probes (a burst at twice the cap in every interval), with
+signed evidence. Nothing is compromised: every alert is a false alarm. Real time needs root (it
+builds namespaces; calibration off, as in the tests).
+
+Last line: `time=... target=... seconds=... alerts=... false_alarms=... windows=... held=... violated=...
+unverified=... evidence_verified=... cap_held=... wall_s=...`
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from dpu_lab.config import load_scenario
+from dpu_lab.report import Report
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scenario(path: Path, seconds: float) -> Path:
+    """The clean audited scenario, `seconds` long, written to `path`."""
+    doc = {
+        "name": "false-alarms",
+        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
+        "caps": [
+            {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": 2, "burst_bytes": 100_000},
+            {"pod": "b", "egress": "24M", "ingress": "24M", "window_s": 2, "burst_bytes": 1_000_000},
+        ],
+        "audit": {"interval_s": 1, "checks": ["read-back", "router-count", "conservation", "probe"]},
+        "phases": [
+            {
+                "name": "clean",
+                "duration_s": seconds,
+                "flows": [
+                    {"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "16M"},
+                    {"name": "b-to-a", "protocol": "udp", "src": "b1", "dst": "a1", "rate": "4M"},
+                ],
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run(seconds: float, clock: str, target: str, out: Path) -> tuple[Report, float]:
+    """One clean run; its report and wall seconds."""
+    sc = load_scenario(scenario(out / "scenario.yaml", seconds))
+    t0 = time.monotonic()
+    if clock == "virtual":
+        from dpu_lab.virtual import VirtualLabRun
+
+        report = VirtualLabRun(sc, out / "run", segment_bytes=8000).run()
+    else:
+        from dpu_lab.runner import LabRun
+
+        report = LabRun(sc, out / "run", target, "builtin").run()  # type: ignore[arg-type]
+    return report, time.monotonic() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=600.0, help="how long the clean run lasts")
+    ap.add_argument("--time", choices=("virtual", "real"), default="virtual")
+    ap.add_argument("--target", choices=("embedded", "bmv2"), default="embedded", help="real time only")
+    ap.add_argument("--keep", type=Path, help="keep the run's folder here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.keep or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        report, wall = run(args.seconds, args.time, args.target, out)
+    audit = report.audit or {}
+    evidence = audit.get("evidence", {})
+    verdicts = evidence.get("verdicts", {})
+    for a in audit.get("alerts", []):
+        print(f"alert at {a['t_s']:.1f} s: {a['check']} {a['where']}: {a['detail']}")
+    target = "embedded" if args.time == "virtual" else args.target
+    print(
+        f"time={args.time} target={target} seconds={args.seconds:g} alerts={len(audit.get('alerts', []))} "
+        f"false_alarms={audit.get('false_alarms')} windows={evidence.get('windows')} held={verdicts.get('held', 0)} "
+        f"violated={verdicts.get('violated', 0)} unverified={verdicts.get('unverified', 0)} "
+        f"evidence_verified={evidence.get('verified')} cap_held={report.cap_held} wall_s={wall:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,8 @@
 """What limiter.p4 must hold for a DPU, expressed as P4Runtime entities (finsy), and how to diff it.
 
-This module knows the names inside limiter.p4; nothing above it does.
+This module knows the names inside limiter.p4; nothing above it does. It is a little over 600 lines on
+purpose: the intent, its encoding into entities and the diff against a read-back are one contract with
+the program's tables, and split they would each need the others' names.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ again, `--role`) talk to it over real gRPC:
 - the poller sends GetStatus every `--poll-gap` seconds after the last answer and records each
   call's latency. At 20,000 DPUs one GetStatus costs the server ~0.15 s of its event loop by itself
   (a row per DPU): polled that often, it is most of the stalls measured; a longer gap shows the
-  Apply's own.
+  Apply's own. A second poller asks for the first page of 1,000 rows (page_size), as a dashboard
+  would: its figures are `*_page_max_s` and `page_idle_s`.
 
 Here, the lease loop's renewals are timed (how much later than every lifetime / 3 each one came)
 and a probe task measures how late a 10 ms sleep wakes up (the event loop's longest stall).
@@ -27,7 +28,8 @@ median latency once the fleet is in place is printed beside (`status_idle_s`).
 
 Last line: `pods=P dpus=D apply_s=... apply_status_max_s=... apply_lease_late_max_s=...
 apply_stall_max_s=... after_status_max_s=... after_lease_late_max_s=... after_stall_max_s=...
-again_s=... again_status_max_s=... again_lease_late_max_s=... again_stall_max_s=... status_idle_s=...`
+again_s=... again_status_max_s=... again_lease_late_max_s=... again_stall_max_s=... status_idle_s=...
+page_idle_s=...` (and `*_page_max_s` for each phase)
 """
 
 from __future__ import annotations
@@ -110,13 +112,14 @@ async def apply_role(address: str, pods: int, per_pod: int) -> None:
             await asyncio.sleep(AFTER_S)
 
 
-async def poll_role(address: str, gap_s: float) -> None:
-    """GetStatus every `gap_s` until killed; one line per call: start, latency, DPUs listed."""
+async def poll_role(address: str, gap_s: float, page_size: int = 0) -> None:
+    """GetStatus (every DPU, or the first page of `page_size`) every `gap_s` until killed; one line per
+    call: start, latency, DPUs listed."""
     async with grpc.aio.insecure_channel(address, options=GRPC_MESSAGE_OPTIONS) as channel:
         stub = pb_grpc.LimiterStub(channel)  # type: ignore[no-untyped-call]
         while True:
             t0 = time.monotonic()
-            reply = await stub.GetStatus(pb.GetStatusRequest(), timeout=600)
+            reply = await stub.GetStatus(pb.GetStatusRequest(page_size=page_size), timeout=600)
             t1 = time.monotonic()
             print(json.dumps({"t0": t0, "t1": t1, "n": len(reply.dpus)}), flush=True)
             await asyncio.sleep(gap_s)
@@ -159,6 +162,9 @@ async def run(pods: int, per_pod: int, lease_s: float, tmp: Path, poll_gap_s: fl
     await plane.start()
     prober = asyncio.create_task(probe())
     poller = helper("poll", tmp / "poll.jsonl", "--address", plane.address, "--poll-gap", str(poll_gap_s))
+    pager = helper(
+        "poll", tmp / "page.jsonl", "--address", plane.address, "--poll-gap", str(poll_gap_s), "--page-size", "1000"
+    )
     try:
         applier = helper(
             "apply",
@@ -175,12 +181,14 @@ async def run(pods: int, per_pod: int, lease_s: float, tmp: Path, poll_gap_s: fl
         if applier.returncode != 0:
             raise RuntimeError(f"the applier failed ({applier.returncode})")
     finally:
-        poller.terminate()
-        poller.wait(timeout=10)
+        for p in (poller, pager):
+            p.terminate()
+            p.wait(timeout=10)
         prober.cancel()
         await plane.stop()
     phases = {p["phase"]: p for p in map(json.loads, (tmp / "apply.jsonl").read_text().splitlines())}
     polls = [json.loads(line) for line in (tmp / "poll.jsonl").read_text().splitlines() if line.startswith("{")]
+    pages = [json.loads(line) for line in (tmp / "page.jsonl").read_text().splitlines() if line.startswith("{")]
     late = [(t, t - prev - lease_s / 3) for prev, t in zip(renewals, renewals[1:], strict=False)]
     first, again = phases["apply"], phases["again"]
     windows = {
@@ -193,6 +201,7 @@ async def run(pods: int, per_pod: int, lease_s: float, tmp: Path, poll_gap_s: fl
         if name != "after":
             out[f"{name}_s"] = b - a
         out[f"{name}_status_max_s"] = worst([p["t1"] - p["t0"] for p in polls if p["t0"] < b and p["t1"] > a])
+        out[f"{name}_page_max_s"] = worst([p["t1"] - p["t0"] for p in pages if p["t0"] < b and p["t1"] > a])
         # A renewal at t was due at t - lateness: late renewals count in the phase they were due in.
         out[f"{name}_lease_late_max_s"] = worst([x for t, x in late if t - x < b and t > a])
         out[f"{name}_stall_max_s"] = worst([x for t, x in stalls if t - x - 0.01 < b and t > a])
@@ -201,6 +210,8 @@ async def run(pods: int, per_pod: int, lease_s: float, tmp: Path, poll_gap_s: fl
     full = [p for p in polls if p["n"] == pods * per_pod]
     idle = [p["t1"] - p["t0"] for p in full if any(a < p["t0"] and p["t1"] < b for a, b in quiet)]
     out["status_idle_s"] = statistics.median(idle) if idle else float("nan")
+    paged = [p["t1"] - p["t0"] for p in pages if p["n"] and any(a < p["t0"] and p["t1"] < b for a, b in quiet)]
+    out["page_idle_s"] = statistics.median(paged) if paged else float("nan")
     print(f"Apply of {pods} pods, {pods * per_pod} DPUs, {pods} caps: {first['changed']} changes", file=sys.stderr)
     return out
 
@@ -213,12 +224,13 @@ def main() -> None:
     ap.add_argument("--poll-gap", type=float, default=POLL_GAP_S, help="seconds between GetStatus calls")
     ap.add_argument("--role", choices=("main", "apply", "poll"), default="main", help=argparse.SUPPRESS)
     ap.add_argument("--address", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--page-size", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "apply":
         asyncio.run(apply_role(args.address, args.pods, args.dpus_per_pod))
         return
     if args.role == "poll":
-        asyncio.run(poll_role(args.address, args.poll_gap))
+        asyncio.run(poll_role(args.address, args.poll_gap, args.page_size))
         return
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from .convert import cap_from_pb, cap_to_pb, change_to_pb, dpu_from_pb, dpu_to_pb, pod_to_pb, router_to_pb
-from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, Router, shown
+from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, Router, check_name, shown
 from .service import DpuState, LimiterService
 from .store import StateMismatch
 from .tls import role_of
@@ -249,19 +249,29 @@ class LimiterApi(pb_grpc.LimiterServicer):
             await asyncio.sleep(interval)
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
-        """Every DPU's reconciliation status."""
-        await self._actor(context, write=False)
-        head = self.service.store.head
-        out = pb.GetStatusResponse(
-            generation=self.service.state.generation,
-            expected_pipeline_sha256=self.service.expected_pipeline_sha256,
-            change_log_seq=head[0],
-            change_log_hash=head[1],
-        )
-        # A row per DPU of the fleet: the rows and the message are made off the event loop, which
-        # meanwhile keeps renewing leases and answering other calls.
-        snapshot = self.service.status_snapshot()
-        return await asyncio.to_thread(lambda: _status_rows(out, self.service.status(snapshot)))
+        """Every DPU's reconciliation status (a page of them: page_size, page_token)."""
+
+        async def run(actor: str) -> pb.GetStatusResponse:
+            if request.page_size < 0:
+                raise InvalidArgument("page_size", request.page_size, "must be 0 (every DPU) or more")
+            if request.page_token:
+                check_name("page_token", request.page_token)
+            head = self.service.store.head
+            out = pb.GetStatusResponse(
+                generation=self.service.state.generation,
+                expected_pipeline_sha256=self.service.expected_pipeline_sha256,
+                change_log_seq=head[0],
+                change_log_hash=head[1],
+            )
+            # A row per DPU of the page (of the fleet, without one): the rows and the message are made off
+            # the event loop, which meanwhile keeps renewing leases and answering other calls.
+            snapshot = self.service.status_snapshot(request.page_token, request.page_size)
+            agents = snapshot[0]
+            if request.page_size and len(agents) == request.page_size and agents[-1][0] != max(self.service.agents):
+                out.next_page_token = agents[-1][0]
+            return await asyncio.to_thread(lambda: _status_rows(out, self.service.status(snapshot)))
+
+        return await self._call(context, run, write=False)
 
 
 def _status_rows(out: pb.GetStatusResponse, rows: list[DpuState]) -> pb.GetStatusResponse:

@@ -155,9 +155,10 @@ class LimiterClient:
         async for sample in self.stub.WatchUsage(request):
             yield sample
 
-    async def status(self) -> Status:
-        """Reconciliation status of every DPU."""
-        answer: Status = await self.stub.GetStatus(pb.GetStatusRequest())
+    async def status(self, page_size: int = 0, page_token: str = "") -> Status:
+        """Reconciliation status of every DPU (or of a page of them, in order of name: `page_size` rows
+        after `page_token`, the answer's `next_page_token` where the next page starts)."""
+        answer: Status = await self.stub.GetStatus(pb.GetStatusRequest(page_size=page_size, page_token=page_token))
         return answer
 
     async def apply(

@@ -10,6 +10,7 @@ it. What does not touch that state lives apart: what a write would change and wh
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -746,11 +747,15 @@ class LimiterService:
             raise NotFound("pod", pod, "the pod has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
-    def status_snapshot(self) -> tuple[list[tuple[str, DpuAgent]], set[str]]:
-        """The agents and the pods mid-reshare, as they are now (taken on the event loop, so that
-        `status` can run in a worker thread while the loop changes them)."""
+    def status_snapshot(self, after: str = "", limit: int = 0) -> tuple[list[tuple[str, DpuAgent]], set[str]]:
+        """The agents (by name: those after `after`, at most `limit` of them if not 0) and the pods
+        mid-reshare, as they are now (taken on the event loop, so that `status` can run in a worker thread
+        while the loop changes them)."""
         busy = set(self._reshare_due) | {p for p, t in self._resharing.items() if not t.done()}
-        return list(self.agents.items()), busy
+        names = sorted(self.agents)
+        start = bisect.bisect_right(names, after) if after else 0
+        chosen = names[start : start + limit] if limit else names[start:]
+        return [(n, self.agents[n]) for n in chosen], busy
 
     def status(self, snapshot: tuple[list[tuple[str, DpuAgent]], set[str]] | None = None) -> list[DpuState]:
         """Every DPU's state, by name: its agent's last status (a DPU whose pod is mid-reshare is not
@@ -765,7 +770,7 @@ class LimiterService:
         shares, issued_at = self.shares, self._lease_issued
         now = self.clock.monotonic()
         out = []
-        for name, a in sorted(agents, key=lambda item: item[0]):
+        for name, a in agents:  # in order of name (status_snapshot)
             st = a.status
             error, converged, applied = st.last_error, st.converged, st.generation_applied
             if not st.connected and not error:

@@ -132,3 +132,30 @@ async def test_models_are_checked_by_the_control_plane_not_the_client(client: Li
     assert "cap.window_s" in (err.value.details() or "")
     with pytest.raises(TypeError):
         await client.apply_pod(Pod("a", ("10.0.1.0/24",)), ["10.0.3.0/24"])
+
+
+async def test_status_comes_in_pages_in_order_of_name(client: LimiterClient) -> None:
+    """GetStatus pages (page_size rows after page_token): every DPU exactly once, in order; the last page
+    says so with an empty token; bad paging is refused naming the field."""
+    await client.apply_pod("a", ["10.0.1.0/24"])
+    names = [f"dpu-{i:02d}" for i in range(7)]
+    await client.apply(dpus=[Dpu(n, f"127.0.0.1:{i + 1}", i + 1, "a", Role.NODE) for i, n in enumerate(names)])
+    assert [d.name for d in (await client.status()).dpus] == names  # no page_size: every DPU
+    for size in (1, 3, 7, 10):
+        seen, token, pages = [], "", 0
+        while True:
+            page = await client.status(page_size=size, page_token=token)
+            pages += 1
+            assert len(page.dpus) <= size
+            seen += [d.name for d in page.dpus]
+            if not (token := page.next_page_token):
+                break
+        assert seen == names and pages == -(-len(names) // size)
+    assert [d.name for d in (await client.status(page_size=2, page_token="dpu-04")).dpus] == ["dpu-05", "dpu-06"]
+    for request, field in (
+        (pb.GetStatusRequest(page_size=-1), "page_size"),
+        (pb.GetStatusRequest(page_token="A B"), "page_token"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.stub.GetStatus(request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (err.value.details() or "")

@@ -681,18 +681,27 @@ class LimiterService:
         if leaving and gc.get_freeze_count():
             gc.unfreeze()  # what the agents held may be frozen (_freeze_heap): let the collector have it
         pods: dict[str, None] = {}  # ordered: pods reshare in the order the write named them
-        for k, c in enumerate(dpus, 1):
-            self.shares.pop(c.name, None)
-            self._samples.pop(c.name, None)
-            self._unconfirmed.pop(c.name, None)
-            self._granted_at.pop(c.name, None)
-            self._aging.pop(c.name, None)
-            pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
-            if isinstance(c.after, Dpu):
-                self._start_agent(c.after)
-            if k % BATCH == 0:
-                await asyncio.sleep(0)
-        if len(changes) >= FREEZE_EVERY:
+        # A fleet's agents are millions of objects: the collector waits until they are all made, then they
+        # are frozen (_freeze_heap), rather than scanned again and again as the heap grows (0.4 s of 20,000).
+        bulk, collecting = len(changes) >= FREEZE_EVERY, gc.isenabled()
+        if bulk:
+            gc.disable()
+        try:
+            for k, c in enumerate(dpus, 1):
+                self.shares.pop(c.name, None)
+                self._samples.pop(c.name, None)
+                self._unconfirmed.pop(c.name, None)
+                self._granted_at.pop(c.name, None)
+                self._aging.pop(c.name, None)
+                pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
+                if isinstance(c.after, Dpu):
+                    self._start_agent(c.after)
+                if k % BATCH == 0:
+                    await asyncio.sleep(0)
+        finally:
+            if bulk and collecting:
+                gc.enable()
+        if bulk:
             _freeze_heap()  # the new state and agents, and what a fleet's request left behind
         # New prefixes, or a node joining, leaving or changing its MAC: every DPU of the pod reconciles.
         regroup = {c.name for c in changes if c.kind == "pod" and c.verb != "delete"} | {

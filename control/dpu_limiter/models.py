@@ -31,16 +31,22 @@ MIN_WINDOW_S = 0.1
 # IPv4 space that no pod's nodes can own: "this network", loopback, link-local, multicast and the
 # reserved block with the limited broadcast address. A pod prefix that touches any of them would
 # make the data plane treat such traffic as the pod's (0.0.0.0/0: all of IPv4 intra-pod).
+# As (first, last address as integers, why): a fleet's file checks tens of thousands of prefixes against them.
 NOT_POD_SPACE = tuple(
-    (ipaddress.IPv4Network(net), why)
-    for net, why in (
-        ("0.0.0.0/8", "'this network' (0.0.0.0/8)"),
-        ("127.0.0.0/8", "loopback (127.0.0.0/8)"),
-        ("169.254.0.0/16", "link-local (169.254.0.0/16)"),
-        ("224.0.0.0/4", "multicast (224.0.0.0/4)"),
-        ("240.0.0.0/4", "reserved and broadcast (240.0.0.0/4)"),
+    (int(n.network_address), int(n.broadcast_address), why)
+    for n, why in (
+        (ipaddress.IPv4Network(net), why)
+        for net, why in (
+            ("0.0.0.0/8", "'this network' (0.0.0.0/8)"),
+            ("127.0.0.0/8", "loopback (127.0.0.0/8)"),
+            ("169.254.0.0/16", "link-local (169.254.0.0/16)"),
+            ("224.0.0.0/4", "multicast (224.0.0.0/4)"),
+            ("240.0.0.0/4", "reserved and broadcast (240.0.0.0/4)"),
+        )
     )
 )
+PREFIX_CHARS = re.compile(r"[0-9./]+")
+BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 
 
 SHOWN_CHARS = 80  # at most this much of a bad value is repeated back: an error stays small whatever came in
@@ -147,7 +153,7 @@ def check_address(field_name: str, value: str) -> str:
         except ValueError:
             raise InvalidArgument(field_name, value, "not a valid IPv4 address (dotted quad)") from None
         text = str(ip)
-    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+    if ip.is_unspecified or ip.is_multicast or ip == BROADCAST:
         raise InvalidArgument(
             field_name, value, "must name one device (not an unspecified, multicast or broadcast address)"
         )
@@ -176,14 +182,15 @@ class Pod:
         norm = []
         for i, p in enumerate(prefixes):
             where = f"{field_prefix}.ipv4_prefixes[{i}]"
-            if not isinstance(p, str) or len(p) > 18 or not re.fullmatch(r"[0-9./]+", p):
+            if not isinstance(p, str) or len(p) > 18 or not PREFIX_CHARS.fullmatch(p):
                 raise InvalidArgument(where, p, "not an IPv4 prefix like 10.0.1.0/24")
             try:
                 net = ipaddress.IPv4Network(p, strict=True)
             except ValueError as exc:
                 raise InvalidArgument(where, p, f"not an IPv4 prefix: {exc}") from None
-            for reserved, why in NOT_POD_SPACE:
-                if net.overlaps(reserved):
+            first, last = int(net.network_address), int(net.broadcast_address)
+            for lo, hi, why in NOT_POD_SPACE:
+                if first <= hi and lo <= last:
                     raise InvalidArgument(where, p, f"overlaps {why}, which no pod's nodes can own")
             norm.append(str(net))
         return Pod(name=name, ipv4_prefixes=tuple(sorted(set(norm))))

@@ -258,6 +258,9 @@ def _values(field: FieldDescriptor) -> st.SearchStrategy[object]:
         return st.booleans()
     if field.type == FieldDescriptor.TYPE_ENUM:
         return st.integers(-3, 5)  # proto3 enums are open: unknown numbers arrive too
+    if field.type in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64):  # signed: negatives arrive too
+        bits = 32 if field.type == FieldDescriptor.TYPE_INT32 else 64
+        return st.integers(-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     bits = 32 if field.type == FieldDescriptor.TYPE_UINT32 else 64
     return st.integers(0, (1 << bits) - 1)
 

@@ -40,8 +40,23 @@ _BODY = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 def seal(seq: int, ts: float, actor: str, action: str, obj: str, payload: dict[str, Any], prev: str) -> str:
     """The hash of a record given the previous record's hash."""
-    body = _BODY.encode({"seq": seq, "ts": ts, "actor": actor, "action": action, "object": obj, "payload": payload})
+    return seal_encoded(seq, ts, actor, action, obj, _BODY.encode(payload), prev)
+
+
+def seal_encoded(seq: int, ts: float, actor: str, action: str, obj: str, payload_json: str, prev: str) -> str:
+    """`seal`, given the payload as `compact_json` writes it: the canonical body is put together around it
+    (keys in order), so that a fleet's write encodes each payload once."""
+    enc = _BODY.encode
+    body = (
+        f'{{"action":{enc(action)},"actor":{enc(actor)},"object":{enc(obj)},"payload":{payload_json},'
+        f'"seq":{enc(seq)},"ts":{enc(ts)}}}'
+    )
     return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+def compact_json(payload: dict[str, Any]) -> str:
+    """A payload's canonical JSON (sorted keys, no spaces): its text in the hash, and as stored."""
+    return _BODY.encode(payload)
 
 
 @dataclass(frozen=True)

@@ -134,10 +134,11 @@ class Store:
         """Append one record after `head` (the last record's sequence number and hash); returns the new head."""
         seq, prev = head[0] + 1, head[1]
         ts = time.time()
-        digest = audit.seal(seq, ts, actor, action, obj, payload, prev)
+        text = audit.compact_json(payload)  # encoded once: hashed and stored
+        digest = audit.seal_encoded(seq, ts, actor, action, obj, text, prev)
         cur.execute(
             "INSERT INTO audit(seq, ts, actor, action, object, payload, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, ts, actor, action, obj, SORTED_JSON.encode(payload), prev, digest),
+            (seq, ts, actor, action, obj, text, prev, digest),
         )
         return seq, digest
 
@@ -445,9 +446,10 @@ def _audit_rows(db: sqlite3.Connection) -> list[audit.AuditRecord]:
             payload = json.loads(r[5])
         except (TypeError, ValueError):
             raise ValueError(f"record {r[0]}: the payload is not JSON") from None
-        # The hash covers the payload's values; its stored text must be their one canonical form, so
-        # that no reader of the file (jq, json_extract) sees what the hash does not cover (a key twice).
-        if r[5] != SORTED_JSON.encode(payload):
+        # The hash covers the payload's values; its stored text must be a canonical form of them (compact,
+        # as written now, or with spaces, as control planes before 2026-12-03 wrote it), so that no reader
+        # of the file (jq, json_extract) sees what the hash does not cover (a key twice).
+        if r[5] != audit.compact_json(payload) and r[5] != SORTED_JSON.encode(payload):
             raise ValueError(f"record {r[0]}: the payload's text is not its canonical form (edited)")
         out.append(audit.AuditRecord(r[0], r[1], r[2], r[3], r[4], payload, r[6], r[7]))
     return out

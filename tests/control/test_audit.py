@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import subprocess
@@ -9,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dpu_limiter.audit import GENESIS, verify
+from dpu_limiter.audit import GENESIS, seal, verify
 from dpu_limiter.models import Cap, Dpu, Pod
 from dpu_limiter.store import Store, read_audit
 
@@ -93,3 +96,37 @@ def test_cli_log_and_missing_file(tmp_path: Path) -> None:
     assert "register-dpu" in out and "dpu/dpu-a" in out
     res = cli("audit", "verify", "--db", str(tmp_path / "nope.db"))
     assert res.returncode == 2 and "nope.db" in res.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.integers(1, 1 << 62),
+    ts=st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 1 << 40)),
+    actor=st.text(max_size=20),
+    obj=st.text(max_size=20),
+    payload=st.dictionaries(
+        st.text(max_size=8), st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=8), st.booleans())
+    ),
+)
+def test_a_record_is_sealed_over_its_canonical_json(
+    seq: int, ts: float, actor: str, obj: str, payload: dict[str, object]
+) -> None:
+    """The body put together around a payload encoded once is the record's canonical JSON, byte for byte."""
+    body = json.dumps(
+        {"seq": seq, "ts": ts, "actor": actor, "action": "set-cap", "object": obj, "payload": payload},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    expected = hashlib.sha256((GENESIS + body).encode()).hexdigest()
+    assert seal(seq, ts, actor, "set-cap", obj, payload, GENESIS) == expected
+
+
+def test_records_written_with_spaces_before_still_verify(tmp_path: Path) -> None:
+    """Control planes before 2026-12-03 stored payloads with spaces (json.dumps's default): still canonical."""
+    db = _state(tmp_path)
+    con = sqlite3.connect(db)
+    for seq, payload in con.execute("SELECT seq, payload FROM audit").fetchall():
+        con.execute("UPDATE audit SET payload=? WHERE seq=?", (json.dumps(json.loads(payload), sort_keys=True), seq))
+    con.commit()
+    con.close()
+    assert verify(read_audit(db)).ok

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpu_lab.config import ConfigError, load_scenario
+from dpu_lab.config import ConfigError, load_scenario, probe_allowance_bytes
 from dpu_lab.virtual import VirtualLabRun
 from dpu_verifier.checks import ApiView, Probe
 from helpers.scenarios import probed_scenario as scenario
@@ -48,33 +48,53 @@ def test_a_probe_too_short_to_exceed_the_allowance_is_refused(tmp_path: Path) ->
         load_scenario(scenario(tmp_path, ["probe"], None, probe_s=1.5))
 
 
-async def test_a_straggler_counts_against_its_own_burst_not_the_next(tmp_path: Path) -> None:
-    """Real time: a burst's last datagrams reach the router after the tick that judged it (a slow target, a
-    loaded machine). Counted with the next burst they made a clean run alarm once; counted against their
-    own burst, a clean run stays quiet and a burst that is over its allowance, late bytes included, is not."""
-    from dpu_lab.live_audit import LiveAudit
+async def test_a_probe_burst_is_judged_whole_over_the_time_it_took(tmp_path: Path) -> None:
+    """Real time, at the router: a burst's last datagrams drained after the tick that judged it count against
+    that burst, not the next (counted with the next, they made two bursts' worth stand against one burst's
+    allowance); and a burst that a loaded target passed over more time than it was sent in is allowed the
+    cap's rate over that time (a clean run's alarm, 2026-12-03: 2,511,964 B against 2,507,590)."""
+    from dpu_lab.live_audit import PROBE_SLACK_BYTES, LiveAudit
     from dpu_verifier.checks import Auditor
 
     sc = load_scenario(scenario(tmp_path, ["probe"], None))
+    assert sc.audit is not None
+    cap = sc.caps[0]
+    rate = sc.peak_rates(cap.pod)[0]
     live = LiveAudit(sc, "127.0.0.1:1", "ns", dict, t_start=1000.0)
-    probe = live._probes[60000] = Probe("a", offered_bytes=500_000, allowance_bytes=300_000)
-    live._probe_first = 1001.0
+    port, first, wire = 60000, 1001.0, 1000
+
+    def allowance(span: float) -> int:
+        return probe_allowance_bytes(cap, rate, span) + PROBE_SLACK_BYTES
+
+    nominal = allowance(sc.audit.probe_s)
+    probe = live._probes[port] = Probe("a", offered_bytes=2 * nominal, allowance_bytes=nominal)
+    live._probe_caps[port] = (cap, rate)
+    live._probe_first = first
     auditor = Auditor([], {}, ApiView("127.0.0.1:1"), checks=["probe"], probes=[probe])
 
-    def datagrams(burst: int, n: int, late: bool = False) -> None:
-        start = 1001.0 + burst + (0.4 if late else 0.0)  # late: the end of the burst's half second
-        live._probe_pending += [(start + i * 1e-4, 60000, 1000) for i in range(n)]
+    def arrive(burst: int, share: float, over_s: float = 0.45) -> None:
+        """`share` of the nominal allowance, sent in `burst` and arriving over its first `over_s` seconds."""
+        n = int(share * nominal / wire)
+        start = first + burst
+        live._probe_pending += [(start + i * 0.4 / n, port, wire, start + 0.01 + i * over_s / n) for i in range(n)]
 
-    datagrams(0, 200)  # 200,000 B of burst 0 reached the router before the tick at 1002
-    live._judge_probes(1002.0)
+    arrive(0, 0.6)
+    live._judge_probes(first + 1)
     await auditor.tick(2.0)
-    datagrams(0, 90, late=True)  # 90,000 B more of burst 0 arrive only now
-    datagrams(1, 290)  # and all of burst 1: 290,000 B
-    live._judge_probes(1003.0)
+    arrive(0, 0.35)  # more of burst 0, drained only after the tick that judged it
+    arrive(1, 0.95)
+    live._judge_probes(first + 2)
     await auditor.tick(3.0)
-    assert probe.bursts == {0: 290_000, 1: 290_000} and auditor.alerts == []  # 580,000 B in one tick before
-    datagrams(1, 20, late=True)  # burst 1 now has 310,000 B: over its allowance, late or not
-    live._judge_probes(1004.0)
+    assert auditor.alerts == []  # 1.3 x the allowance in one tick before
+    arrive(2, 1.1, over_s=0.8)  # passed over 0.8 s by a slow target: the cap allows that much
+    live._judge_probes(first + 3)
     await auditor.tick(4.0)
-    assert probe.bursts[2] == 0  # burst 2 lost entirely: judged at nothing
-    assert [a.check for a in auditor.alerts] == ["probe"] and "310000 got through" in auditor.alerts[0].detail
+    assert auditor.alerts == [] and allowance(0.75) < probe.allowances[2] <= allowance(0.8)
+    assert nominal < probe.bursts[2] <= probe.allowances[2]
+    arrive(1, 0.1)  # burst 1 now over its allowance, late or not
+    live._judge_probes(first + 4)
+    await auditor.tick(5.0)
+    assert probe.bursts[3] == 0  # burst 3 lost entirely: judged at nothing
+    assert [a.check for a in auditor.alerts] == ["probe"] and f"{probe.bursts[1]} got through" in auditor.alerts[
+        0
+    ].detail

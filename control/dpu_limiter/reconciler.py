@@ -333,8 +333,11 @@ class DpuAgent:
         try:
             if exc is not None and exc.code in UNREADABLE:
                 why = f"state unreadable ({exc.code.name}: {exc.message})"
-            elif await self.pipeline_digest() != self.expected_digest():
-                why = "another pipeline loaded" + (f" ({exc.code.name}: {exc.message})" if exc else "")
+            elif (found := await self.pipeline_digest()) != self.expected_digest():
+                # The hash it ran is in the record: GetStatus's pipeline_sha256 shows ours again once read back.
+                why = f"another pipeline loaded (sha256 {found[:16]}...)" + (
+                    f" ({exc.code.name}: {exc.message})" if exc else ""
+                )
             else:
                 return False
             self._restored_at = self.clock.monotonic()

@@ -99,7 +99,7 @@ def test_intra_pod_traffic_is_sealed_opened_and_exempt_in_virtual_time(tmp_path:
     run = VirtualLabRun(short_nodes(2.0), tmp_path / "out")
     r = run.run()
     assert r.cap_held
-    check_sealed_intra(run.scenario, r.flows, r.dpu_counters, run.seal_stats)
+    check_sealed_intra(run.scenario, r.flows, r.dpu_counters, run.seal_stats, real_time=False)
     # The engines' figures are in the run's folder and summary, as in real time.
     assert json.loads((tmp_path / "out" / "raw" / "seal-a1.json").read_text())["sealed_frames"] > 0
     assert "crypto engines" in (tmp_path / "out" / "summary.md").read_text()
@@ -111,16 +111,21 @@ def short_nodes(phase_s: float) -> Scenario:
     return sc.model_copy(update={"phases": [ph.model_copy(update={"duration_s": phase_s}) for ph in sc.phases]})
 
 
-def check_sealed_intra(sc: Scenario, flows: list[Any], counters: list[dict[str, Any]], stats: dict[str, Any]) -> None:
-    """The intra-pod flow a1 -> a2 was exempt at both ends (class intra), more of it got through than pod a's
-    cap lets through in its phase (metered, it could not have), and every frame a1's engine sealed was
-    opened by a2's. (Not a loss ratio: a loaded machine moves that, 1.97 % on bmv2 once, not exemption.)"""
+def check_sealed_intra(
+    sc: Scenario, flows: list[Any], counters: list[dict[str, Any]], stats: dict[str, Any], real_time: bool
+) -> None:
+    """The intra-pod flow a1 -> a2 was exempt at both ends (class intra) and every frame a1's engine sealed
+    was opened by a2's. Delivered whole in virtual time; in real time, where a loaded machine drops some
+    (1.97 % on bmv2 once), more of it than pod a's cap lets through in its phase (metered, it could not)."""
     intra = next(f for f in flows if f.name == "a1-to-a2-intra")
-    phase_s = next(ph.duration_s for ph in sc.phases if any(f.name == intra.name for f in ph.flows))
-    cap = sc.cap_of("a")
-    assert cap is not None
-    metered_most = allowed_window_bytes(cap.egress, phase_s, cap.bucket_bytes())
-    assert intra.delivered_bps * phase_s / 8 > metered_most, (intra, metered_most)
+    if not real_time:
+        assert intra.loss_ratio <= 0.01, intra
+    else:
+        phase_s = next(ph.duration_s for ph in sc.phases if any(f.name == intra.name for f in ph.flows))
+        cap = sc.cap_of("a")
+        assert cap is not None
+        metered_most = allowed_window_bytes(cap.egress, phase_s, cap.bucket_bytes())
+        assert intra.delivered_bps * phase_s / 8 > metered_most, (intra, metered_most)
     by = {(u["pod"], u["direction"]): u for u in counters}
     assert int(by[("a", "egress")]["intra_bytes"]) > 0 and int(by[("a", "ingress")]["intra_bytes"]) > 0
     assert stats["a1"]["sealed_frames"] > 0
@@ -224,5 +229,5 @@ def test_intra_pod_traffic_is_sealed_opened_and_exempt_in_real_time(tmp_path: Pa
     assert r.cap_held, [(x.pod, x.direction, x.max_window_bytes, x.allowed_window_bytes) for x in r.results]
     raw_dir = tmp_path / "out" / "raw"
     stats = {h: json.loads((raw_dir / f"seal-{h}.json").read_text()) for h in ("a1", "a2", "b1", "b2")}
-    check_sealed_intra(sc, r.flows, r.dpu_counters, stats)
+    check_sealed_intra(sc, r.flows, r.dpu_counters, stats, real_time=True)
     assert "crypto engines" in (tmp_path / "out" / "summary.md").read_text()

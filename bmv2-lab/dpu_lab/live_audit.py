@@ -175,6 +175,7 @@ class LiveAudit:
         interval = self.scenario.audit.interval_s
         self._drain_probes()
         keep = []
+        touched: set[tuple[int, int]] = set()
         for sent, port, wire, arrived in self._probe_pending:
             if sent >= boundary:
                 keep.append((sent, port, wire, arrived))
@@ -183,13 +184,16 @@ class LiveAudit:
             k = math.floor((sent - self._probe_first) / interval)
             probe.bursts[k] = probe.bursts.get(k, 0) + wire
             first, last = self._probe_spans.get((port, k), (arrived, arrived))
-            first, last = self._probe_spans[(port, k)] = min(first, arrived), max(last, arrived)
-            # The cap allows its rate over the time the burst took to get through: longer than it was sent
-            # over when a loaded target passes it more slowly (a clean run's one alarm: 4,374 B over, 2026-12-03).
+            self._probe_spans[(port, k)] = min(first, arrived), max(last, arrived)
+            touched.add((port, k))
+        self._probe_pending = keep
+        # The cap allows its rate over the time a burst took to get through: longer than it was sent over
+        # when a loaded target passes it more slowly (a clean run's one alarm: 4,374 B over, 2026-12-03).
+        for port, k in touched:
+            first, last = self._probe_spans[(port, k)]
             cap, rate = self._probe_caps[port]
             span = max(self.scenario.audit.probe_s, last - first)
-            probe.allowances[k] = probe_allowance_bytes(cap, rate, span) + PROBE_SLACK_BYTES
-        self._probe_pending = keep
+            self._probes[port].allowances[k] = probe_allowance_bytes(cap, rate, span) + PROBE_SLACK_BYTES
         if (ended := round((boundary - self._probe_first) / interval) - 1) >= 0:
             for probe in self._probes.values():
                 probe.bursts.setdefault(ended, 0)

@@ -266,8 +266,8 @@ class LimiterApi(pb_grpc.LimiterServicer):
             # A row per DPU of the page (of the fleet, without one): the rows and the message are made off
             # the event loop, which meanwhile keeps renewing leases and answering other calls.
             snapshot = self.service.status_snapshot(request.page_token, request.page_size)
-            agents = snapshot[0]
-            if request.page_size and len(agents) == request.page_size and agents[-1][0] != max(self.service.agents):
+            agents, _, more = snapshot
+            if more:
                 out.next_page_token = agents[-1][0]
             return await asyncio.to_thread(lambda: _status_rows(out, self.service.status(snapshot)))
 

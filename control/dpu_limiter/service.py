@@ -756,17 +756,17 @@ class LimiterService:
             raise NotFound("pod", pod, "the pod has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
-    def status_snapshot(self, after: str = "", limit: int = 0) -> tuple[list[tuple[str, DpuAgent]], set[str]]:
-        """The agents (by name: those after `after`, at most `limit` of them if not 0) and the pods
-        mid-reshare, as they are now (taken on the event loop, so that `status` can run in a worker thread
-        while the loop changes them)."""
+    def status_snapshot(self, after: str = "", limit: int = 0) -> tuple[list[tuple[str, DpuAgent]], set[str], bool]:
+        """The agents (by name: those after `after`, at most `limit` of them if not 0), the pods mid-reshare,
+        and whether agents follow the page, as they are now (taken on the event loop, so that `status` can
+        run in a worker thread while the loop changes them)."""
         busy = set(self._reshare_due) | {p for p, t in self._resharing.items() if not t.done()}
         names = sorted(self.agents)
         start = bisect.bisect_right(names, after) if after else 0
-        chosen = names[start : start + limit] if limit else names[start:]
-        return [(n, self.agents[n]) for n in chosen], busy
+        end = start + limit if limit else len(names)
+        return [(n, self.agents[n]) for n in names[start:end]], busy, end < len(names)
 
-    def status(self, snapshot: tuple[list[tuple[str, DpuAgent]], set[str]] | None = None) -> list[DpuState]:
+    def status(self, snapshot: tuple[list[tuple[str, DpuAgent]], set[str], bool] | None = None) -> list[DpuState]:
         """Every DPU's state, by name: its agent's last status (a DPU whose pod is mid-reshare is not
         converged yet) and its lease as last confirmed.
 
@@ -774,7 +774,7 @@ class LimiterService:
         are mid-reshare is worked out once, and each row is a tuple. Given a `status_snapshot`, it may
         run in a worker thread (GetStatus does, at 20,000 DPUs a few hundred ms of the loop's time).
         """
-        agents, busy = snapshot or self.status_snapshot()
+        agents, busy, _ = snapshot or self.status_snapshot()
         gen, lease_gen, lifetime = self.state.generation, self.lease_gen, self.lease_s
         shares, issued_at = self.shares, self._lease_issued
         now = self.clock.monotonic()

@@ -89,7 +89,7 @@ async def test_a_probe_burst_is_judged_whole_over_the_time_it_took(tmp_path: Pat
     arrive(2, 1.1, over_s=0.8)  # passed over 0.8 s by a slow target: the cap allows that much
     live._judge_probes(first + 3)
     await auditor.tick(4.0)
-    assert auditor.alerts == [] and allowance(0.75) < probe.allowances[2] <= allowance(0.8)
+    assert auditor.alerts == [] and nominal < probe.allowances[2] <= allowance(0.8)
     assert nominal < probe.bursts[2] <= probe.allowances[2]
     arrive(1, 0.1)  # burst 1 now over its allowance, late or not
     live._judge_probes(first + 4)
@@ -98,3 +98,38 @@ async def test_a_probe_burst_is_judged_whole_over_the_time_it_took(tmp_path: Pat
     assert [a.check for a in auditor.alerts] == ["probe"] and f"{probe.bursts[1]} got through" in auditor.alerts[
         0
     ].detail
+
+
+async def test_a_probe_burst_cannot_buy_time_or_be_forged_away(tmp_path: Path) -> None:
+    """Red team, 2026-12-03: a DPU that passes a burst at line rate and holds one datagram back gains no
+    longer allowance (its arrival curve is judged); stamps that cannot be true (not finite, after their
+    arrival, in an old burst) are dropped, and stop nothing."""
+    from dpu_lab.live_audit import PROBE_SLACK_BYTES, LiveAudit
+    from dpu_verifier.checks import Auditor
+
+    sc = load_scenario(scenario(tmp_path, ["probe"], None))
+    assert sc.audit is not None
+    cap = sc.caps[0]
+    rate = sc.peak_rates(cap.pod)[0]
+    nominal = probe_allowance_bytes(cap, rate, sc.audit.probe_s) + PROBE_SLACK_BYTES
+    live = LiveAudit(sc, "127.0.0.1:1", "ns", dict, t_start=1000.0)
+    port, first = 60000, 1001.0
+    probe = live._probes[port] = Probe("a", offered_bytes=2 * nominal, allowance_bytes=nominal)
+    live._probe_caps[port] = (cap, rate)
+    live._probe_first = first
+    auditor = Auditor([], {}, ApiView("127.0.0.1:1"), checks=["probe"], probes=[probe])
+    n = int(1.6 * nominal / 1442)
+    # Burst 0 at line rate within 0.45 s, its last datagram held back to 0.9 s.
+    live._probe_pending += [(first + i * 0.4 / n, port, 1442, first + 0.01 + i * 0.44 / n) for i in range(n)]
+    live._probe_pending.append((first + 0.4, port, 1442, first + 0.9))
+    # Forged stamps: not finite, after the arrival (a seed for a later burst), and far in the past.
+    live._probe_pending += [
+        (float("nan"), port, 1442, first + 0.1),
+        (float("-inf"), port, 1442, first + 0.1),
+        (first + 3.0, port, 100, first + 0.05),
+        (first - 50.0, port, 1442, first + 0.2),
+    ]
+    live._judge_probes(first + 1)
+    await auditor.tick(2.0)
+    assert [a.check for a in auditor.alerts] == ["probe"], probe.allowances
+    assert probe.bursts == {0: (n + 1) * 1442} and live._probe_pending == []

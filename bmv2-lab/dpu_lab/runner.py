@@ -21,30 +21,26 @@ from types import FrameType
 from typing import Literal
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import ARP_BURST_BYTES, MAX_FRAME_BYTES
+from dpu_softswitch.firmware import Firmware
 
 from .audit import read_back_s
 from .bmv2_firmware import NO_FORGE, bmv2_python_dir
 from .boundary import BoundaryProcess, taps_of, write_taps
 from .calibrate import Calibration, calibrate, scaled
 from .capture import load_capture
-from .compromise import compromise
-from .config import ConfigError, EventSpec, Scenario
-from .evaluate import (
-    LabDpu,
-    configure,
-    dpu_counters,
-    evaluate,
-    host_macs,
-    set_cap,
-)
+from .config import ConfigError, PhaseSpec, Scenario
+from .driver import Driver, Measured
+from .evaluate import LabDpu
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
-from .outcome import event_record, finish
 from .report import Flow, Phase, Report
+from .site import LabSite
+from .site import missing as site_missing
 from .targets import BUFFER_BYTES, TargetKind, TargetProcess, bmv2_has_thrift, bmv2_path, free_port, start_target
 
 BASE_PORT = 5201
@@ -73,12 +69,20 @@ class LabRun:
     procs: list[_Proc] = field(default_factory=list)
     control: subprocess.Popen[bytes] | None = None
     api: str = ""
-    events: list[dict[str, object]] = field(default_factory=list)
     t_start: float = 0.0  # when the captures started: the report's time base
     calibrate: bool = False  # first measure what the target carries here (calibrate.py); the CLI's default
     rescale: bool = False  # and scale a scenario it cannot carry down to what it can, rather than refuse
     calibration: Calibration | None = None
     live: LiveAudit | None = None  # the verifier's audit, when the scenario has one
+    site: LabSite | None = None  # and the verifier as a site runs it (snmpd, `dpu-limiter verify`)
+    linger_s: float = LINGER_S
+    _port: int = BASE_PORT  # the next flow's port
+    _crossed: BoundaryProcess | None = None
+    _captures: list[tuple[str, _Proc]] = field(default_factory=list)
+    _phase: tuple[PhaseSpec, list[_Proc], list[_Proc]] | None = None  # the running phase, its processes
+    _phase_start: float = 0.0
+    _progress: Progress | None = None
+    _flows: list[Flow] = field(default_factory=list)
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -116,77 +120,187 @@ class LabRun:
                 self.scenario = scaled(sc, self.calibration.scale, room)
         with _sigterm_as_interrupt():
             try:
-                return self._run()
+                return asyncio.run(Driver(self.scenario, self, self.out_dir).run())
             finally:
                 self.cleanup()
 
-    def _say(self, text: str) -> None:
+    # ------------------------------------------------------------------ the driver's backend (driver.py)
+
+    def say(self, text: str) -> None:
+        """Tell the user, on the console."""
         self.console.print(f"[bold cyan]lab[/] {text}")
 
-    def _run(self) -> Report:
+    async def start(self) -> tuple[str, list[LabDpu]]:
+        """Namespaces, a target process per DPU and the control plane as a process of its own."""
         sc = self.scenario
-        self._say(f"scenario [bold]{sc.name}[/] on the {self.target} target, {self.traffic} traffic")
+        self.say(f"scenario [bold]{sc.name}[/] on the {self.target} target, {self.traffic} traffic")
         logs = self.out_dir / "raw"
         # The node DPUs' crypto engines write their logs and stats (raw/seal-HOST.json) beside the rest.
         self.net = LabNetwork(sc.topology, seal_dir=logs)
         self.net.build()
         engines = f", {len(self.net.engines)} crypto engines" if self.net.engines else ""
-        self._say(f"network built: {len(self.net.namespaces)} namespaces (prefix {self.net.prefix}){engines}")
+        self.say(f"network built: {len(self.net.namespaces)} namespaces (prefix {self.net.prefix}){engines}")
         for i, lim in enumerate(self.net.limiters):
             self.targets.append(start_target(lim.name, self.target, i + 1, lim.interfaces(), logs))
-        self._say(f"{len(self.targets)} {self.target} targets up")
+        self.say(f"{len(self.targets)} {self.target} targets up")
         self.api = self._start_control_plane()
-        asyncio.run(self._configure(self.api))
-        self._say("caps applied through the control plane; every DPU converged (read back)")
-        crossed = self._start_boundary()
-        captures = self._start_captures()
-        t_start = self.t_start = time.time()
+        await self._answering()
+        return self.api, [
+            LabDpu(lim.name, lim.role, lim.pod, tp.address, tp.device_id, BUFFER_BYTES[tp.kind])
+            for tp, lim in zip(self.targets, self.net.limiters, strict=True)
+        ]
+
+    async def started(self) -> None:
+        """The boundary capture, a capture on every host interface, and the verifier's live audit."""
+        sc = self.scenario
+        self._crossed = self._start_boundary()
+        self._captures = self._start_captures()
+        self.t_start = time.time()
         if sc.audit is not None:
             assert self.net is not None
             self.live = LiveAudit(
                 sc,
                 self.api,
                 self.net.router_ns,
-                crossed.router_totals,
-                t_start,
+                self._crossed.router_totals,
+                self.t_start,
                 self.net.host_ns,
                 lambda name, ns, module, args: self._spawn(name, ns, module, args).popen,
                 self._longest_s(),
                 self.out_dir / "evidence",
             )
             self.live.start()
-        phases: list[Phase] = []
-        flow_results: list[Flow] = []
-        port = BASE_PORT
-        for phase in sc.phases:
-            p_start, results, port = self._run_phase(phase.name, phase.duration_s, phase.flows, port, phase.events)
-            phases.append(Phase(phase.name, p_start - t_start, p_start - t_start + phase.duration_s))
-            flow_results += results
-        time.sleep(LINGER_S)  # late frames of the last phase
-        for _, c in captures:
+            if (why := site_missing()) is None:
+                self.site = LabSite(sc, self.net, self.api, self.out_dir / "raw", self.t_start)
+                self.site.start()
+            else:
+                self.say(f"[yellow]no verifier process beside the audit: {why}[/]")
+
+    async def begin_phase(self, phase: PhaseSpec) -> Phase:
+        """Start a receiver and a sender process per flow; they start sending together START_DELAY_S later."""
+        assert self.net is not None
+        topo = self.scenario.topology
+        start_at = time.time() + START_DELAY_S
+        receivers, senders = [], []
+        for f in phase.flows:
+            src_ns, dst_ns = self.net.host_ns[f.src], self.net.host_ns[f.dst]
+            port = self._port
+            self._port += 1
+            common = ["--port", str(port), "--duration", f"{phase.duration_s}", "--start-at", f"{start_at:.6f}"]
+            if f.encap != "none" or f.spoof_src:
+                module, recv_args, send_args = "dpu_lab.evasion", ["recv"], self._evasion_args(f, port)
+            else:
+                module, recv_args = self._traffic_module, [f"{f.protocol}-recv"]
+                send_args = [f"{f.protocol}-send", "--dst", topo.address_of(f.dst)]
+                if f.protocol == "udp":
+                    send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
+            receivers.append(
+                self._spawn(f"{f.name}-recv", dst_ns, module, [*recv_args, *common, "--linger", str(LINGER_S)])
+            )
+            senders.append(self._spawn(f"{f.name}-send", src_ns, module, [*send_args, *common]))
+        self._phase = (phase, senders, receivers)
+        self._progress = Progress(
+            TextColumn("[bold cyan]lab[/] phase {task.description}"),
+            BarColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self._progress.start()
+        self._progress.add_task(phase.name, total=phase.duration_s)
+        start = self._phase_start = start_at - self.t_start
+        return Phase(phase.name, start, start + phase.duration_s)
+
+    async def wait_until(self, t_s: float) -> float:
+        """Sleep until `t_s` into the run, moving the phase's progress bar."""
+        while (now := time.time() - self.t_start) < t_s:
+            if self._progress is not None and self._phase is not None:
+                task = self._progress.tasks[0].id
+                self._progress.update(task, completed=max(0.0, now - self._phase_start))
+            await asyncio.sleep(min(0.05, t_s - now))
+        return time.time() - self.t_start
+
+    async def end_phase(self) -> None:
+        """Wait for the phase's senders and receivers, and read what each counted."""
+        assert self._phase is not None
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        phase, senders, receivers = self._phase
+        for p in senders + receivers:
+            await asyncio.to_thread(self._wait, p, START_DELAY_S + phase.duration_s + LINGER_S + 15)
+        for f, s, r in zip(phase.flows, senders, receivers, strict=True):
+            self._flows.append(self._flow_result(f, s, r, phase.duration_s))
+        self._phase = None
+
+    async def settle(self) -> None:
+        """Nothing: on the wall clock the traffic does not wait for the control plane."""
+
+    def firmware(self, dpu: str) -> Firmware:
+        """The target's management path (bmv2's Thrift, or the embedded target's firmware socket)."""
+        return self._target(dpu)[1].management()
+
+    async def kill(self, dpu: str) -> None:
+        """Kill the target's process (by its handle) and remove what it leaves behind."""
+        _, tp = self._target(dpu)
+        tp.process.kill()
+        tp.process.wait(timeout=10)
+        tp.stop()
+
+    async def revive(self, dpu: str) -> None:
+        """Start the target again, empty, on the same port and interfaces."""
+        i, tp = self._target(dpu)
+        assert self.net is not None
+        lim = next(lm for lm in self.net.limiters if lm.name == dpu)
+        port = int(tp.address.rpartition(":")[2])
+        self.targets[i] = start_target(
+            tp.name, tp.kind, tp.device_id, lim.interfaces(), self.out_dir / "raw", port=port
+        )
+
+    async def measured(self) -> Measured:
+        """Stop the captures, the audit and the crypto engines (each writes its counts as it stops)."""
+        for _, c in self._captures:
             c.popen.terminate()  # captures run until told to stop; SIGTERM makes them write their counts
-        for _, c in captures:
+        for _, c in self._captures:
             self._wait(c, timeout=15)
         if self.live is not None:
             self.live.stop()
-        boundary = crossed.finish()
+        assert self._crossed is not None
+        boundary = self._crossed.finish()
         sealing = self.net.stop_engines() if self.net is not None else {}  # they write their stats on SIGTERM
         if boundary.kernel_drops:
-            self._say(
+            self.say(
                 f"[yellow]the boundary capture lost {boundary.kernel_drops} frames: its counts are low, and the "
                 "verdict counts what they can have held as crossed[/]"
             )
-        duration = sum(ph.duration_s for ph in sc.phases)
-        captured = [(host, load_capture(p.out)) for host, p in captures]
-        report, series = evaluate(
-            sc, captured, boundary, phases, flow_results, t_start, duration, self.target, self.traffic
-        )
-        report.dpu_counters = asyncio.run(dpu_counters(self.api))
         if self.live is not None and self.live.error:
             raise RuntimeError(f"the audit failed: {self.live.error}")
+        return Measured(
+            [(host, load_capture(p.out)) for host, p in self._captures],
+            boundary,
+            self._flows,
+            sealing,
+            self.live.auditor if self.live is not None else None,
+            self.t_start,
+            self.target,
+            self.traffic,
+        )
+
+    async def annotate(self, report: Report) -> None:
+        """The calibration this run was checked or scaled against."""
         report.calibration = self.calibration.as_dict() if self.calibration else None
-        auditor = self.live.auditor if self.live is not None else None
-        return finish(sc, self.out_dir, report, series, self.events, auditor, sealing, self._say)
+        if self.site is not None:
+            compromised = [float(e["t_s"]) for e in report.events if e["action"] == "compromise"]
+            report.verifier = self.site.finish(min(compromised, default=None))
+            found = report.verifier["alerts"]
+            self.say(
+                f"verifier (dpu-limiter verify over SNMP): {len(found)} alert(s)"
+                + "".join(f"\n  {a['t_s']:.1f} s {a['check']} {a['where']}: {a['detail']}" for a in found)
+            )
+
+    async def close(self) -> None:
+        """Stop everything (cleanup)."""
+        self.cleanup()
 
     # ------------------------------------------------------------------ control plane
 
@@ -208,30 +322,24 @@ class LabRun:
         )
         return addr
 
-    async def _set_cap(self, ev: EventSpec) -> None:
+    async def _answering(self, timeout_s: float = 20.0) -> None:
+        """Wait until the control plane answers on its API."""
         async with LimiterClient(self.api) as client:
-            await set_cap(client, self.scenario, ev, wait=False)  # real time: traffic does not wait
-
-    async def _configure(self, addr: str) -> None:
-        sc = self.scenario
-        assert self.net is not None
-        async with LimiterClient(addr) as client:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + timeout_s
             while True:
                 try:
                     await client.status()
-                    break
+                    return
                 except Exception:
                     if self.control is not None and self.control.poll() is not None:
                         raise RuntimeError("control plane exited; see raw/control-plane.log") from None
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.1)
-            dpus = [
-                LabDpu(lim.name, lim.role, lim.pod, tp.address, tp.device_id, BUFFER_BYTES[tp.kind])
-                for tp, lim in zip(self.targets, self.net.limiters, strict=True)
-            ]
-            await configure(client, sc, dpus)
+
+    def _target(self, dpu: str) -> tuple[int, TargetProcess]:
+        """The target process standing in for a DPU, and its index."""
+        return next((i, tp) for i, tp in enumerate(self.targets) if tp.name == dpu)
 
     # ------------------------------------------------------------------ traffic
 
@@ -296,36 +404,6 @@ class LabRun:
         # Both ends of a flow use the same generator: iperf3 talks only to iperf3.
         return "dpu_lab.iperf" if self.traffic == "iperf3" else "dpu_lab.traffic"
 
-    def _run_phase(  # type: ignore[type-arg]
-        self, name: str, duration: float, flows: list, port: int, events: list[EventSpec]
-    ) -> tuple[float, list[Flow], int]:
-        assert self.net is not None
-        topo = self.scenario.topology
-        start_at = time.time() + START_DELAY_S
-        receivers, senders = [], []
-        for f in flows:
-            src_ns, dst_ns = self.net.host_ns[f.src], self.net.host_ns[f.dst]
-            common = ["--port", str(port), "--duration", f"{duration}", "--start-at", f"{start_at:.6f}"]
-            if f.encap != "none" or f.spoof_src:
-                module, recv_args, send_args = "dpu_lab.evasion", ["recv"], self._evasion_args(f, port)
-            else:
-                module, recv_args = self._traffic_module, [f"{f.protocol}-recv"]
-                send_args = [f"{f.protocol}-send", "--dst", topo.address_of(f.dst)]
-                if f.protocol == "udp":
-                    send_args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
-            receivers.append(
-                self._spawn(f"{f.name}-recv", dst_ns, module, [*recv_args, *common, "--linger", str(LINGER_S)])
-            )
-            senders.append(self._spawn(f"{f.name}-send", src_ns, module, [*send_args, *common]))
-            port += 1
-        self._progress(name, start_at, duration, events)
-        for p in senders + receivers:
-            self._wait(p, timeout=START_DELAY_S + duration + LINGER_S + 15)
-        results = []
-        for f, s, r in zip(flows, senders, receivers, strict=True):
-            results.append(self._flow_result(f, s, r, duration))
-        return start_at, results, port
-
     def _evasion_args(self, f, port: int) -> list[str]:  # type: ignore[no-untyped-def]
         """The raw-frame sender's arguments for an evasion flow (evasion.py)."""
         assert self.net is not None
@@ -334,55 +412,6 @@ class LabRun:
         args += ["--src-mac", mac_text(self.net.mac_of(f.src, port)), "--dst-mac", mac_text(self.net.mac_of(f.dst))]
         args += ["--rate-bps", f"{f.rate:.0f}", "--size", str(f.size)]
         return args + (["--spoof-src", f.spoof_src] if f.spoof_src else [])
-
-    def _progress(self, name: str, start_at: float, duration: float, events: list[EventSpec]) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        with Progress(
-            TextColumn("[bold cyan]lab[/] phase {task.description}"),
-            BarColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task(name, total=duration)
-            pending = sorted(events, key=lambda e: e.at_s)
-            while (now := time.time()) < start_at + duration:
-                while pending and now >= start_at + pending[0].at_s:
-                    self._event(pending.pop(0), now - self.t_start)
-                progress.update(task, completed=max(0.0, now - start_at))
-                time.sleep(0.05)
-        self._say(f"phase [bold]{name}[/] done ({duration:.0f} s)")
-
-    def _event(self, ev: EventSpec, t: float) -> None:
-        """Carry out a scenario event: a cap change through the API, a DPU's target dying, or its
-        firmware compromised."""
-        if ev.action == "set-cap":
-            assert ev.pod is not None and ev.egress is not None and ev.ingress is not None
-            assert self.api is not None
-            asyncio.run(self._set_cap(ev))
-            self._say(f"event at {t:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
-            self.events.append(event_record(ev, t))
-            return
-        i, tp = next((i, tp) for i, tp in enumerate(self.targets) if tp.name == ev.dpu)
-        if ev.action == "compromise":
-            assert ev.how is not None
-            compromise(tp.management(), ev.how, ev.forge, list(host_macs(self.scenario).values()))
-            self._say(f"event at {t:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
-            self.events.append(event_record(ev, t))
-            return
-        self._say(f"event at {t:.1f} s: {ev.dpu} killed, back in {ev.down_s:g} s with no pipeline")
-        tp.process.kill()  # the process we started, by its handle
-        tp.process.wait(timeout=10)
-        tp.stop()  # and what it leaves behind
-        time.sleep(ev.down_s)
-        port = int(tp.address.rpartition(":")[2])
-        lim = next(lm for lm in self.net.limiters if lm.name == ev.dpu) if self.net else None
-        assert lim is not None
-        self.targets[i] = start_target(
-            tp.name, tp.kind, tp.device_id, lim.interfaces(), self.out_dir / "raw", port=port
-        )
-        self.events.append(event_record(ev, t))
 
     def _flow_result(self, f, sender: _Proc, receiver: _Proc, duration: float) -> Flow:  # type: ignore[no-untyped-def]
         import json
@@ -411,12 +440,12 @@ class LabRun:
             shape=shape(f.encap, f.spoof_src),
         )
 
-    # ------------------------------------------------------------------ evaluation
-
     # ------------------------------------------------------------------ cleanup
 
     def cleanup(self) -> None:
         """Stop every process we started (by handle) and remove the network."""
+        if self.site is not None:
+            self.site.stop()
         if self.live is not None:
             self.live.stop()
         for p in self.procs:

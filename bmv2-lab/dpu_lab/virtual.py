@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,16 +19,15 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from dpu_softswitch.clock import VirtualClock
-from dpu_softswitch.firmware import LocalFirmware
+from dpu_softswitch.firmware import Firmware, LocalFirmware
 from dpu_softswitch.server import Device, add_to_server
 from dpu_verifier.checks import ApiView, Auditor, Probe
 
 from .audit import PROBE_PORT, read_back_s, scope
-from .compromise import compromise
-from .config import ConfigError, EventSpec, Scenario, probe_allowance_bytes
-from .evaluate import LabDpu, PlotSeries, configure, dpu_counters, evaluate, host_macs, set_cap
+from .config import ConfigError, PhaseSpec, Scenario, probe_allowance_bytes
+from .driver import Driver, Measured
+from .evaluate import LabDpu, PlotSeries
 from .frames import Encap, shape
-from .outcome import event_record, finish
 from .report import Flow, Phase, Protocol, Report
 from .routing import cell_name, reroute
 from .sim import NS, Engine, SimNetwork, UdpSource, udp_source
@@ -111,18 +109,29 @@ def limiters_of(sc: Scenario) -> list[tuple[str, str, str]]:
 
 @dataclass
 class VirtualLabRun:
-    """One scenario in virtual time; `run()` returns the report."""
+    """One scenario in virtual time; `run()` returns the report (the driver's backend: driver.py)."""
 
     scenario: Scenario
     out_dir: Path
     segment_bytes: int | None = None
     console: Console = field(default_factory=lambda: Console(stderr=True))
     stats: dict[str, float] = field(default_factory=dict)
-    _workloads: list[tuple[str, WorkloadSpec, list[_Sending]]] = field(default_factory=list)
     series: PlotSeries = field(default_factory=dict)  # receiver-side throughput, as plotted (after run())
     seal_stats: dict[str, dict[str, object]] = field(default_factory=dict)  # node DPUs' engines (after run())
+    linger_s: float = LINGER_S
+    _workloads: list[tuple[str, WorkloadSpec, list[_Sending]]] = field(default_factory=list)
+    _sending: list[_Sending] = field(default_factory=list)
     # Each probe, and where its receiver counts bytes by port (_count_probes).
     _probe_feeds: list[tuple[Probe, dict[int, int], int]] = field(default_factory=list)
+    _devices: dict[str, Device] = field(default_factory=dict)
+    _servers: dict[str, tuple[grpc.aio.Server, int]] = field(default_factory=dict)
+    _plane: ControlPlane | None = None
+    _auditor: Auditor | None = None
+    _stops: list[tuple[int, set[str]]] = field(default_factory=list)  # the audit's and rerouting's, due first last
+    _assignments: list[dict[str, object]] = field(default_factory=list)  # routers' assignments over time
+    _t: float = START_S  # where the next phase starts
+    _port: int = BASE_PORT  # the next sender's
+    _started: tuple[float, float] = (0.0, 0.0)  # CPU and wall time when the simulation started
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -136,17 +145,21 @@ class VirtualLabRun:
             raise ConfigError(f"flow {f.name!r}: rate: max is real time only; give a rate in virtual time")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
-        return asyncio.run(self._run())
+        driver = Driver(self.scenario, self, self.out_dir)
+        report = asyncio.run(driver.run())
+        self.series = driver.series
+        return report
 
-    def _say(self, text: str) -> None:
+    # ------------------------------------------------------------------ the driver's backend (driver.py)
+
+    def say(self, text: str) -> None:
+        """Tell the user, on the console."""
         self.console.print(f"[bold magenta]lab (virtual time)[/] {text}")
 
-    async def _run(self) -> Report:
+    async def start(self) -> tuple[str, list[LabDpu]]:
+        """An embedded target per DPU on simulated time, and the control plane, in this process."""
         sc = self.scenario
-        clock = VirtualClock()
-        devices: dict[str, Device] = {}
-        self._servers: dict[str, tuple[grpc.aio.Server, int]] = {}
-        dpus: list[LabDpu] = []
+        self._vclock = VirtualClock()
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
         # The control plane runs its own loops (leases, rebalancing, holds, read-back) on the simulation's
@@ -154,121 +167,73 @@ class VirtualLabRun:
         # not depend on how fast this machine is. It reads DPUs back only for an audit.
         self._clock = SimClock()
         every = read_back_s(sc) or NEVER_S
-        plane = ControlPlane(
+        self._plane = ControlPlane(
             db,
             "127.0.0.1:0",
             Settings(rebalance_interval_s=REBALANCE_S, resync_s=every, pipeline_check_s=every, clock=self._clock),
         )
-        try:
-            for name, role, pod_name in limiters_of(sc):
-                device = Device(len(devices) + 1, clock, cpu_port=CPU_PORT)
-                server = grpc.aio.server()
-                add_to_server(server, device)
-                port = server.add_insecure_port("127.0.0.1:0")
-                await server.start()
-                devices[name], self._servers[name] = device, (server, port)
-                dpus.append(LabDpu(name, role, pod_name, f"127.0.0.1:{port}", len(devices)))
-            await plane.start()
-            async with LimiterClient(plane.address) as client:
-                await configure(client, sc, dpus)
-            self._say(f"scenario [bold]{sc.name}[/]: {len(devices)} embedded targets programmed by the control plane")
-            report, series, auditor, events = await self._simulate(clock, devices, plane)
-            self.series = series
-            report.dpu_counters = await dpu_counters(plane.address)
-        finally:
-            await plane.stop()
-            for server, _ in self._servers.values():
-                await server.stop(grace=0)
-        for host, stats in self.seal_stats.items():  # as the real engines write theirs (netns.py)
-            (self.out_dir / "raw" / f"seal-{host}.json").write_text(json.dumps(stats, indent=2) + "\n")
-        return finish(sc, self.out_dir, report, series, events, auditor, self.seal_stats, self._say)
+        dpus = []
+        for name, role, pod_name in limiters_of(sc):
+            device = Device(len(self._devices) + 1, self._vclock, cpu_port=CPU_PORT)
+            server = grpc.aio.server()
+            add_to_server(server, device)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            self._devices[name], self._servers[name] = device, (server, port)
+            dpus.append(LabDpu(name, role, pod_name, f"127.0.0.1:{port}", len(self._devices)))
+        await self._plane.start()
+        return self._plane.address, dpus
 
-    async def _event(
-        self, ev: EventSpec, t_s: float, devices: dict[str, Device], plane: ControlPlane
-    ) -> dict[str, object]:
-        """Carry out a scenario event at simulated time `t_s`; returns its record for the report."""
-        if ev.action == "set-cap":
-            async with LimiterClient(plane.address) as client:
-                await set_cap(client, self.scenario, ev, wait=False)
-            await self._quiet(plane)  # the simulation waits: no simulated time
-            self._say(f"t={t_s:.1f} s: pod {ev.pod} cap set to {ev.egress:g}/{ev.ingress:g} bit/s")
-            return event_record(ev, t_s)
-        assert ev.dpu is not None
-        if ev.action == "restart-dpu":
-            await self._kill(ev.dpu, devices[ev.dpu])
-            self._say(f"t={t_s:.1f} s: {ev.dpu} down for {ev.down_s:g} s, back with no pipeline")
-            return event_record(ev, t_s)
-        assert ev.how is not None
-        compromise(LocalFirmware(devices[ev.dpu]), ev.how, ev.forge, list(host_macs(self.scenario).values()))
-        self._say(f"t={t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
-        return event_record(ev, t_s)
-
-    async def _kill(self, name: str, device: Device) -> None:
-        """The DPU dies: its P4Runtime server goes away and it forgets its pipeline and state."""
-        server, _ = self._servers[name]
-        await server.stop(grace=0)
-        with device.lock:
-            device.pipeline = device.saved = device.data_plane = None
-            device.listeners.clear()  # the dead server's P4Runtime service; the revived one registers anew
-
-    async def _revive(self, name: str, device: Device, plane: ControlPlane, timeout_s: float = 60.0) -> None:
-        """The DPU is back, empty, on the same address; the simulation waits for the control plane.
-
-        Reprogramming takes no simulated time (the simulation is paused meanwhile): what the run
-        shows is the outage and that the DPU comes back capped, not how long a control plane takes.
-        """
-        _, port = self._servers[name]
-        server = grpc.aio.server()
-        add_to_server(server, device)
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        self._servers[name] = (server, port)
-        deadline = time.monotonic() + timeout_s
-        # Reprogrammed, as the API says; its lease comes later, on the simulation's clock: the control
-        # plane holds a DPU that lost its state without one for a while (docs/leases.md).
-        async with LimiterClient(plane.address) as client:
-            while True:
-                status = await client.status()
-                row = next(d for d in status.dpus if d.name == name)
-                if device.pipeline is not None and row.connected and row.generation_applied >= status.generation:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name}: not reprogrammed within {timeout_s:g} s of its restart")
-                await asyncio.sleep(0.05)
-        await self._quiet(plane)
-
-    async def _simulate(
-        self, clock: VirtualClock, devices: dict[str, Device], plane: ControlPlane
-    ) -> tuple[Report, PlotSeries, Auditor | None, list[dict[str, object]]]:
+    async def started(self) -> None:
+        """The simulated network, the probes and the audit; the audit's and rerouting's pauses."""
         sc = self.scenario
-        engine = Engine(clock)
-        net = SimNetwork(sc.topology, {name: d.process for name, d in devices.items()}, engine)
-        t = START_S
-        phases: list[Phase] = []
-        sending: list[_Sending] = []
-        hosts = sc.topology.hosts_by_pod()
-        for ph in sc.phases:
-            phase = Phase(ph.name, t, t + ph.duration_s)
-            phases.append(phase)
-            for f in ph.flows:
-                seg = [(int(t * NS), int((t + ph.duration_s) * NS), f.rate or 0.0)]
-                payload = self.segment_bytes or (f.size if f.protocol == "udp" else MSS)
-                sending.append(
-                    _Sending(phase, f.name, f.src, f.dst, seg, payload, f.encap, f.spoof_src, f.uplink, f.protocol)
-                )
-            for w in ph.workloads:
-                first = len(sending)
-                for stream in expand(w, hosts, ph.duration_s):
-                    seg = [
-                        (int((t + s.start_s) * NS), int((t + s.start_s + s.duration_s) * NS), s.rate_bps)
-                        for s in stream.segments
-                    ]
-                    payload = self.segment_bytes or WORKLOAD_PAYLOAD
-                    sending.append(_Sending(phase, stream.label, stream.src, stream.dst, seg, payload))
-                self._workloads.append((ph.name, w, sending[first:]))
-            t += ph.duration_s
-        for port, s in enumerate(sending, BASE_PORT):
-            s.port = port
+        self.say(f"scenario [bold]{sc.name}[/]: {len(self._devices)} embedded targets programmed by the control plane")
+        self._engine = Engine(self._vclock)
+        self._net = net = SimNetwork(sc.topology, {n: d.process for n, d in self._devices.items()}, self._engine)
+        end_ns = int((START_S + sum(ph.duration_s for ph in sc.phases) + LINGER_S) * NS)
+        probes = self._probes(net, end_ns) if sc.audit is not None and "probe" in sc.audit.checks else []
+        if sc.audit is not None:
+            assert self._plane is not None
+            # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
+            largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
+            self._auditor = Auditor(
+                scope(sc),
+                net.router_counts,
+                ApiView(self._plane.address),
+                slack_bytes=4 * largest,
+                checks=sc.audit.checks,
+                probes=probes,
+            )
+            self._auditor.open_evidence(self.out_dir / "evidence")
+        self._stops = _stops(end_ns, sc.audit.interval_s if sc.audit else None, sc.topology.routing.period_s)
+        self._assignments = [{"t_s": 0.0, "routers": dict(net.router_of)}]
+        self._started = (time.process_time(), time.monotonic())
+
+    async def begin_phase(self, phase: PhaseSpec) -> Phase:
+        """Its flows' and workloads' senders, each on a port of its own, sending from the phase's start."""
+        net, t = self._net, self._t
+        ph = Phase(phase.name, t, t + phase.duration_s)
+        self._t += phase.duration_s
+        added: list[_Sending] = []
+        for f in phase.flows:
+            seg = [(int(t * NS), int((t + phase.duration_s) * NS), f.rate or 0.0)]
+            payload = self.segment_bytes or (f.size if f.protocol == "udp" else MSS)
+            added.append(_Sending(ph, f.name, f.src, f.dst, seg, payload, f.encap, f.spoof_src, f.uplink, f.protocol))
+        hosts = self.scenario.topology.hosts_by_pod()
+        for w in phase.workloads:
+            streams = []
+            for stream in expand(w, hosts, phase.duration_s):
+                seg = [
+                    (int((t + s.start_s) * NS), int((t + s.start_s + s.duration_s) * NS), s.rate_bps)
+                    for s in stream.segments
+                ]
+                payload = self.segment_bytes or WORKLOAD_PAYLOAD
+                streams.append(_Sending(ph, stream.label, stream.src, stream.dst, seg, payload))
+            self._workloads.append((phase.name, w, streams))
+            added += streams
+        for s in added:
+            s.port = port = self._port
+            self._port += 1
             if s.uplink is not None:
                 net.pinned[net.mac_of[s.src][:4] + port.to_bytes(2, "big")] = s.uplink - 1
             if s.protocol == "tcp":
@@ -277,58 +242,112 @@ class VirtualLabRun:
                 continue
             s.source = udp_source(net, s.src, s.dst, port, s.segments, s.payload, s.encap, s.spoof_src)
             s.source.start()
-        end_ns = int((t + LINGER_S) * NS)
-        probes = self._probes(net, end_ns) if sc.audit is not None and "probe" in sc.audit.checks else []
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        auditor = None
-        if sc.audit is not None:
-            view = ApiView(plane.address)
-            # Frames (or segments) between a DPU and the router at a tick: a few of the largest.
-            largest = max(MAX_FRAME_BYTES, (self.segment_bytes or 0) + 42)
-            auditor = Auditor(
-                scope(sc), net.router_counts, view, slack_bytes=4 * largest, checks=sc.audit.checks, probes=probes
-            )
-            auditor.open_evidence(self.out_dir / "evidence")
-        plan = _stops(sc, end_ns, sc.audit.interval_s if sc.audit else None, sc.topology.routing.period_s)
-        events: list[dict[str, object]] = []
-        assignments: list[dict[str, object]] = [{"t_s": 0.0, "routers": dict(net.router_of)}]
-        for t_ns, todo in self._pauses(plan):
-            # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
-            await asyncio.to_thread(engine.run, t_ns)
-            # The control plane, the audit and compromised firmware act in no simulated time: the control
-            # plane's timers due now fire, and the simulation waits until it has done what they started.
-            if self._clock.advance(t_ns / NS):
-                await self._quiet(plane)
-            if "reroute" in todo:
-                new = sc.topology.assignment(len(assignments))
-                async with LimiterClient(plane.address) as client:
-                    await reroute(client, sc, net.router_of, new)
-                await self._quiet(plane)
-                net.reroute(new)
-                assignments.append({"t_s": t_ns / NS, "routers": new})
-            if "audit" in todo and auditor is not None:
-                self._count_probes(t_ns / NS)
-                await auditor.tick(t_ns / NS)
-            for ev in todo.get("revive", []):
-                assert isinstance(ev, EventSpec) and ev.dpu is not None
-                await self._revive(ev.dpu, devices[ev.dpu], plane)
-                self._say(f"t={t_ns / NS:.1f} s: {ev.dpu} back, reprogrammed by the control plane")
-            for ev in todo.get("events", []):
-                assert isinstance(ev, EventSpec)
-                events.append(await self._event(ev, t_ns / NS, devices, plane))
+        self._sending += added
+        return ph
+
+    async def wait_until(self, t_s: float) -> float:
+        """Run the simulation to `t_s`, pausing where the audit ticks, routers are reassigned, or a timer of
+        the control plane is due: at each pause the control plane, the audit and compromised firmware act
+        in no simulated time (the simulation waits until the control plane has done what they started)."""
+        t_ns = int(t_s * NS)
+        while True:
+            stop, todo = t_ns, set[str]()
+            if self._stops and self._stops[-1][0] <= t_ns:
+                stop, todo = self._stops[-1]
+            due = self._clock.next_due()
+            if due is not None and (due_ns := math.ceil(due * NS)) < stop:
+                stop, todo = due_ns, set()
+            elif todo:
+                self._stops.pop()
+            await self._pause(stop, todo)
+            if stop == t_ns and not (self._stops and self._stops[-1][0] == t_ns):
+                return t_ns / NS
+
+    async def _pause(self, t_ns: int, todo: set[str]) -> None:
+        """Run the simulation to `t_ns`, then what is due there."""
+        # The targets' gRPC servers stay responsive on this loop while the simulation runs in a thread.
+        await asyncio.to_thread(self._engine.run, t_ns)
+        if self._clock.advance(t_ns / NS):
+            await self._quiet()
+        if "reroute" in todo:
+            assert self._plane is not None
+            new = self.scenario.topology.assignment(len(self._assignments))
+            async with LimiterClient(self._plane.address) as client:
+                await reroute(client, self.scenario, self._net.router_of, new)
+            await self._quiet()
+            self._net.reroute(new)
+            self._assignments.append({"t_s": t_ns / NS, "routers": new})
+        if "audit" in todo and self._auditor is not None:
+            self._count_probes(t_ns / NS)
+            await self._auditor.tick(t_ns / NS)
+
+    async def end_phase(self) -> None:
+        """Nothing: every sender stops at its phase's end by itself."""
+
+    async def settle(self) -> None:
+        """The simulation waits (no simulated time) until the control plane has done the change."""
+        await self._quiet()
+
+    def firmware(self, dpu: str) -> Firmware:
+        """The in-process target's firmware."""
+        return LocalFirmware(self._devices[dpu])
+
+    async def kill(self, dpu: str) -> None:
+        """The DPU dies: its P4Runtime server goes away and it forgets its pipeline and state."""
+        server, _ = self._servers[dpu]
+        await server.stop(grace=0)
+        device = self._devices[dpu]
+        with device.lock:
+            device.pipeline = device.saved = device.data_plane = None
+            device.listeners.clear()  # the dead server's P4Runtime service; the revived one registers anew
+
+    async def revive(self, dpu: str, timeout_s: float = 60.0) -> None:
+        """The DPU is back, empty, on the same address; the simulation waits for the control plane.
+
+        Reprogramming takes no simulated time (the simulation is paused meanwhile): what the run
+        shows is the outage and that the DPU comes back capped, not how long a control plane takes.
+        """
+        assert self._plane is not None
+        device = self._devices[dpu]
+        _, port = self._servers[dpu]
+        server = grpc.aio.server()
+        add_to_server(server, device)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        self._servers[dpu] = (server, port)
+        deadline = time.monotonic() + timeout_s
+        # Reprogrammed, as the API says; its lease comes later, on the simulation's clock: the control
+        # plane holds a DPU that lost its state without one for a while (docs/leases.md).
+        async with LimiterClient(self._plane.address) as client:
+            while True:
+                status = await client.status()
+                row = next(d for d in status.dpus if d.name == dpu)
+                if device.pipeline is not None and row.connected and row.generation_applied >= status.generation:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{dpu}: not reprogrammed within {timeout_s:g} s of its restart")
+                await asyncio.sleep(0.05)
+        await self._quiet()
+
+    async def measured(self) -> Measured:
+        """What the simulated receivers, links and engines counted."""
+        sc, net = self.scenario, self._net
+        cpu0, wall0 = self._started
         self.seal_stats = dict(net.seal_stats())
         self.stats = {
-            "virtual_s": end_ns / NS,
+            "virtual_s": self._engine.now_ns / NS,
             "cpu_s": time.process_time() - cpu0,
             "wall_s": time.monotonic() - wall0,
-            "events": engine.events,
+            "events": self._engine.events,
         }
-        self._say(
-            f"simulated {end_ns / NS:.1f} s in {self.stats['wall_s']:.1f} s "
-            f"({engine.events:,} events, {self.stats['cpu_s']:.1f} CPU-s)"
+        self.say(
+            f"simulated {self.stats['virtual_s']:.1f} s in {self.stats['wall_s']:.1f} s "
+            f"({self._engine.events:,} events, {self.stats['cpu_s']:.1f} CPU-s)"
         )
+        for host, stats in self.seal_stats.items():  # as the real engines write theirs (netns.py)
+            (self.out_dir / "raw" / f"seal-{host}.json").write_text(json.dumps(stats, indent=2) + "\n")
         flows = []
-        for s in sending:
+        for s in self._sending:
             rx = net.receivers[s.dst]
             dur = s.phase.end - s.phase.start
             received = rx.packets_by_port.get(s.port, 0)
@@ -355,29 +374,31 @@ class VirtualLabRun:
                     retransmissions=retransmitted,
                 )
             )
-        duration = sum(ph.duration_s for ph in sc.phases)
-        report, series = evaluate(
-            sc, net.captures(), net.boundary(), phases, flows, 0.0, duration, "embedded", "simulated"
+        return Measured(
+            net.captures(), net.boundary(), flows, self.seal_stats, self._auditor, 0.0, "embedded", "simulated"
         )
+
+    async def annotate(self, report: Report) -> None:
+        """Virtual time, the routers' assignments over time, and what the workloads got."""
         report.time = "virtual"
-        if len(sc.topology.routers) > 1:
-            routing = sc.topology.routing
-            report.routing = {"assign": routing.assign, "period_s": routing.period_s, "assignments": assignments}
+        if len(self.scenario.topology.routers) > 1:
+            routing = self.scenario.topology.routing
+            report.routing = {"assign": routing.assign, "period_s": routing.period_s, "assignments": self._assignments}
         report.workloads = [workload_result(phase, w, streams) for phase, w, streams in self._workloads]
-        return report, series, auditor, events
 
-    def _pauses(self, plan: list[tuple[int, dict[str, list[object]]]]) -> Iterator[tuple[int, dict[str, list[object]]]]:
-        """The scenario's stops, and between them each instant a timer of the control plane is due at
-        (with nothing of the scenario's to do), in time order up to the last stop."""
-        for t_ns, todo in plan:
-            while (due := self._clock.next_due()) is not None and (due_ns := math.ceil(due * NS)) < t_ns:
-                yield due_ns, {}
-            yield t_ns, todo
+    async def close(self) -> None:
+        """Stop the control plane and the targets' servers."""
+        if self._plane is not None:
+            await self._plane.stop()
+            self._plane = None
+        for server, _ in self._servers.values():
+            await server.stop(grace=0)
 
-    async def _quiet(self, plane: ControlPlane) -> None:
+    async def _quiet(self) -> None:
         """Wait until the control plane has done what it started (QUIET_TIMEOUT_S of wall time at most)."""
-        if not await plane.quiet(QUIET_TIMEOUT_S):
-            self._say(f"t={self._clock.now:.1f} s: the control plane is still busy after {QUIET_TIMEOUT_S:g} s")
+        assert self._plane is not None
+        if not await self._plane.quiet(QUIET_TIMEOUT_S):
+            self.say(f"t={self._clock.now:.1f} s: the control plane is still busy after {QUIET_TIMEOUT_S:g} s")
 
     def _probes(self, net: SimNetwork, end_ns: int) -> list[Probe]:
         """Start each capped pod's probe: a burst at the start of every audit interval (audit.py)."""
@@ -418,22 +439,12 @@ class VirtualLabRun:
             probe.bursts[burst] = received.get(port, 0) - sum(probe.bursts.values())
 
 
-def _stops(
-    sc: Scenario, end_ns: int, audit_s: float | None, reroute_s: float | None
-) -> list[tuple[int, dict[str, list[object]]]]:
-    """Simulated instants where the scenario pauses the simulation, each with what happens then, in time
-    order (the control plane's own timers add theirs: VirtualLabRun._pauses)."""
-    stops: dict[int, dict[str, list[object]]] = {end_ns: {}}
-    every_s = (("audit", audit_s), ("reroute", reroute_s))
-    for what, every in every_s:
+def _stops(end_ns: int, audit_s: float | None, reroute_s: float | None) -> list[tuple[int, set[str]]]:
+    """Simulated instants where the audit ticks or routers are reassigned, each with which, the latest
+    first (the scenario's events are the driver's; the control plane's timers add their own pauses)."""
+    stops: dict[int, set[str]] = {}
+    for what, every in (("audit", audit_s), ("reroute", reroute_s)):
         if every is not None:
             for k in range(1, int(end_ns / (every * NS)) + 1):
-                stops.setdefault(int(k * every * NS), {})[what] = []
-    start = START_S
-    for ph in sc.phases:
-        for ev in ph.events:
-            stops.setdefault(int((start + ev.at_s) * NS), {}).setdefault("events", []).append(ev)
-            if ev.action == "restart-dpu":
-                stops.setdefault(int((start + ev.at_s + ev.down_s) * NS), {}).setdefault("revive", []).append(ev)
-        start += ph.duration_s
-    return sorted((t, todo) for t, todo in stops.items() if t <= end_ns)
+                stops.setdefault(int(k * every * NS), set()).add(what)
+    return sorted(((t, todo) for t, todo in stops.items() if t <= end_ns), reverse=True)

@@ -304,6 +304,7 @@ class InjectingRun(LabRun):
 
     frames: list[bytes]
     dumps: dict[str, Tcpdump]
+    injector: threading.Thread
 
     def _start_boundary(self) -> Any:
         assert self.net is not None
@@ -318,16 +319,20 @@ class InjectingRun(LabRun):
         self.frames = [raw_frame(mac_b, mac_a, (ETH_EXPERIMENTAL, ETH_ARP)[i % 2], i) for i in range(3000)]
         return super()._start_boundary()
 
-    def _progress(self, name: str, start_at: float, duration: float, events: list[Any]) -> None:
+    async def begin_phase(self, phase: Any) -> Any:
         assert self.net is not None
-        ns = self.net.host_ns["a1"]
+        started = await super().begin_phase(phase)
         # 3000 frames at 12 Mbit/s take 3 s of the 4 s phase.
-        injector = threading.Thread(target=inject, args=(ns, "eth0", self.frames, 12e6, start_at + 0.2))
-        injector.start()
+        at = self.t_start + started.start + 0.2
+        self.injector = threading.Thread(target=inject, args=(self.net.host_ns["a1"], "eth0", self.frames, 12e6, at))
+        self.injector.start()
+        return started
+
+    async def end_phase(self) -> None:
         try:
-            super()._progress(name, start_at, duration, events)
+            await super().end_phase()
         finally:
-            injector.join()
+            self.injector.join()
 
     def cleanup(self) -> None:
         for dump in getattr(self, "dumps", {}).values():

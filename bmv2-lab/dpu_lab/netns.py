@@ -68,6 +68,7 @@ WIRE_MTU = 1600  # links that may carry sealed frames: 1500 + sealing.OVERHEAD (
 SEAL_PORT = 2  # a node limiter's port to its crypto engine
 SEAL_KEY_BYTES = 16  # GCM-AES-128 (sealing.KEY_BYTES)
 ENGINE_READY_S = 20.0  # how long an engine may take to open its sockets
+MGMT_TABLE = 100  # the router's routing table for its management link alone
 ENGINE_STOP_S = 10.0  # how long an engine may take to write its stats after SIGTERM
 
 
@@ -297,6 +298,29 @@ class LabNetwork:
         self._relays()
         self._start_engines()
 
+    def add_management(self) -> tuple[str, str]:
+        """A management link between the root namespace (where the verifier runs) and the router, as a site's
+        out-of-band network: (the root end's address, the router's). Link-local /32s picked per run; the
+        router answers on it only from its management address (a policy route), so pods' traffic, which
+        the router forwards, has no route onto it."""
+        taken = ip("-4", "-o", "addr", "show").stdout
+        seed = int(self.run_id, 16)
+        for k in range(64):
+            block = (seed + k * 977) % (254 * 64)
+            base = f"169.254.{block // 64 + 1}.{block % 64 * 4}"
+            root_ip, router_ip = _plus(base, 1), _plus(base, 2)
+            if f" {root_ip}/" not in taken and f" {router_ip}/" not in taken:
+                break
+        else:
+            raise RuntimeError("no free link-local address for the router's management link")
+        root_if = self._pair(f"{self.prefix}mg", (self.router_ns, None), rename="mgmt")
+        ip("addr", "add", f"{root_ip}/32", "dev", root_if)
+        ip("route", "add", f"{router_ip}/32", "dev", root_if)
+        ip("addr", "add", f"{router_ip}/32", "dev", "mgmt", ns=self.router_ns)
+        ip("route", "add", f"{root_ip}/32", "dev", "mgmt", "table", str(MGMT_TABLE), ns=self.router_ns)
+        ip("rule", "add", "from", router_ip, "lookup", str(MGMT_TABLE), ns=self.router_ns)
+        return root_ip, router_ip
+
     def _switch_by_mac(self) -> None:
         """Static MACs in every pod's bridge, and the router's switching of frames addressed to hosts."""
         macs = {h: mac_text(m) for h, m in self.topology.host_macs().items()}
@@ -490,6 +514,10 @@ class LabNetwork:
         if self._tmp_seal_dir is not None:
             shutil.rmtree(self._tmp_seal_dir, ignore_errors=True)
             self._tmp_seal_dir = None
+
+
+def _plus(address: str, n: int) -> str:
+    return str(ipaddress.IPv4Address(address) + n)
 
 
 def _sysctl_root(key: str, value: str) -> None:

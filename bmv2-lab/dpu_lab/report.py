@@ -153,6 +153,9 @@ class Report:
     # Node placement: the crypto engines' stats and sealed bytes per pair of pod mates
     # (evaluate.sealing_summary); missing_bytes > 0: a pod switch diverted or dropped sealed frames.
     sealing: dict[str, Any] | None = None
+    # Real time with an audit: `dpu-limiter verify` as a site runs it (site.py): its alerts on the run's
+    # time base, detection, and its evidence bundles checked offline.
+    verifier: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -186,6 +189,7 @@ class Report:
             routing=data.get("routing"),
             boundary=data.get("boundary"),
             sealing=data.get("sealing"),
+            verifier=data.get("verifier"),
         )
 
 

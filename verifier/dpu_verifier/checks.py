@@ -12,16 +12,24 @@
 - **probe**: a probe agent in each capped pod sends more than the pod's cap for a while in each
   interval; its receiver checks that no more got through than the cap allows in that time. It needs
   no counter the operator's devices keep, and it tests the cap when the pod's own traffic stays below it.
+  Where probes are authenticated (probes.py), it also raises `probe-loss` for a burst that got far less
+  than the cap left free of the pod's other traffic (the router's count says how much that took), and
+  `probe-forged` for datagrams refused on a probe's port (bad tag, another pod's, replayed, truncated).
 
 Each check raises one alert per place, the first time it fails, and every tick's figures can be signed
 as evidence (evidence.py), one record per capped pod and direction. The router's counts come as bins of
 bytes on a time grid: from SNMP counters polled by the verifier at a site, from the lab's own router
-namespace or simulator in a lab run (bmv2-lab/dpu_lab/audit.py, live_audit.py feed these checks).
+namespace or simulator in a lab run (bmv2-lab/dpu_lab/audit.py, live_audit.py feed these checks). Where
+a counter is read in real time, its readings (`Readings`: each with when it was asked for and answered)
+judge the router-count check instead of bins: a late reading lumps the bytes of its whole delay into
+one bin, so bins alone cannot say how long a stretch of traffic a window of them holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +38,7 @@ from typing import Any, Literal, Protocol, get_args
 import numpy as np
 
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.units import MAX_FRAME_BYTES
+from dpu_limiter.units import MAX_FRAME_BYTES, allowed_window_bytes
 
 from .evidence import (
     DIRECTIONS,
@@ -43,8 +51,14 @@ from .evidence import (
     load_signer,
     verify_bundle,
 )
+from .probes import BurstClose
 
 AuditCheck = Literal["read-back", "router-count", "conservation", "probe"]
+# What an alert names: a check, or what the probe check found besides too much (enabled with "probe").
+AlertCheck = Literal[AuditCheck, "probe-loss", "probe-forged"]
+# Under-delivery: a burst fails when fewer bytes than half what the cap left free arrived, less this much
+# (the frames a window's edge can cut off either end).
+LOSS_SLACK_BYTES = 4 * MAX_FRAME_BYTES
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,13 @@ class CapScope:
     def terms(self, rate: float) -> CapTerms:
         """The cap in one direction, as evidence records it."""
         return CapTerms(rate, self.window_s, self.bucket_bytes, self.mode)
+
+    def egress_over(self, seconds: float) -> int:
+        """Most bytes the pod may pass out in `seconds` (at most its window): rate x time + bucket + one frame;
+        window mode: the window's whole budget."""
+        if self.mode == "window":
+            return allowed_window_bytes(self.egress_bps, self.window_s, 0)
+        return allowed_window_bytes(self.egress_bps, seconds, self.bucket_bytes)
 
 
 class Series(Protocol):
@@ -93,6 +114,61 @@ def max_window_bytes(bin_s: float, bins: Sequence[int], window_s: float) -> int:
     return int((cumulative[width:] - cumulative[:-width]).max())
 
 
+@dataclass
+class Readings:
+    """A counter's running total as read in real time: when each reading was asked for, when its answer
+    came, and the total it gave (readings one after another, so both times rise).
+
+    A reading counts every byte that crossed up to some moment between its asking and its answer, so the
+    bytes two readings i < j differ by crossed within (asked[i], answered[j]]: however late either was,
+    that span is known, where a bin only knows when its sample was taken (a sampler stalled for 0.8 s
+    put 0.8 s of traffic in one 0.1 s bin, and "2 s of bins" held 2.8 s: a false alarm, issue 16)."""
+
+    asked: list[float] = field(default_factory=list)
+    answered: list[float] = field(default_factory=list)
+    totals: list[int] = field(default_factory=list)
+
+    def read(self, asked: float, answered: float, total: int) -> None:
+        """Record a reading of `total` asked for at `asked` and answered at `answered`."""
+        if not (answered >= asked and (not self.asked or (asked >= self.answered[-1] and total >= self.totals[-1]))):
+            # The spans are only bounds while readings come one after another on a clock that does not go back.
+            raise ValueError(f"a reading out of order: {(asked, answered, total)} after {self.last()}")
+        self.asked.append(asked)
+        self.answered.append(answered)
+        self.totals.append(total)
+
+    def last(self) -> tuple[float, float, int] | None:
+        """The latest reading (asked, answered, total), if any."""
+        return (self.asked[-1], self.answered[-1], self.totals[-1]) if self.totals else None
+
+    def most_within(self, window_s: float, first: int = 0, upto: int | None = None) -> tuple[int, float]:
+        """The most bytes between two readings whose span (first asked to last answered) is at most
+        `window_s`, with that span; only pairs whose later reading is in [first, upto) (all by default).
+        (0, 0.0) when no pair fits."""
+        asked = np.asarray(self.asked, dtype=np.float64)
+        answered = np.asarray(self.answered, dtype=np.float64)
+        totals = np.asarray(self.totals, dtype=np.int64)
+        later = np.arange(max(first, 1), len(totals) if upto is None else min(upto, len(totals)))
+        # The earliest reading each can pair with has the least total (totals only rise): the best pair for it.
+        earlier = np.searchsorted(asked, answered[later] - window_s, side="left")
+        fits = earlier < later
+        if not fits.any():
+            return 0, 0.0
+        later, earlier = later[fits], earlier[fits]
+        got = totals[later] - totals[earlier]
+        k = int(got.argmax())
+        return int(got[k]), float(answered[later[k]] - asked[earlier[k]])
+
+    def covering(self, start: float, end: float) -> int:
+        """Bytes between the last reading answered by `start` and the first asked from `end` on (the first
+        and the latest there are where none is): all that crossed in [start, end], and perhaps more."""
+        if not self.totals:
+            return 0
+        i = max(0, int(np.searchsorted(np.asarray(self.answered), start, side="right")) - 1)
+        j = min(len(self.totals) - 1, int(np.searchsorted(np.asarray(self.asked), end, side="left")))
+        return max(0, self.totals[j] - self.totals[i])
+
+
 CHECKS: tuple[AuditCheck, ...] = get_args(AuditCheck)
 
 
@@ -101,7 +177,7 @@ class Alert:
     """Something the audit found: when (simulated seconds), by which check, where, and what."""
 
     t_s: float
-    check: AuditCheck
+    check: AlertCheck
     where: str
     detail: str
 
@@ -122,6 +198,13 @@ class Probe:
     # Per burst, where it reached the receiver over longer than it was sent in (a loaded target passes
     # a burst over more time, and the cap allows its rate over all of it): the allowance for that span.
     allowances: dict[int, int] = field(default_factory=dict)
+    # Under-delivery (authenticated probes only): the least rate the pod's cap takes (0: not judged), and
+    # each burst whose stragglers are all in, with what its agent sent (probes.close_bursts).
+    floor_bps: float = 0.0
+    closed: dict[int, BurstClose] = field(default_factory=dict)
+    rejected: Counter[str] = field(default_factory=Counter)  # datagrams refused on its port, by reason
+    loss_judged: set[int] = field(default_factory=set)
+    rejected_judged: int = 0  # how many refusals the audit has already reported
 
 
 @dataclass(frozen=True)
@@ -214,10 +297,15 @@ class Auditor:
     slack_bytes: int = 4 * MAX_FRAME_BYTES  # frames that may be between a DPU and the router at a tick
     slack_ratio: float = 0.001  # and this share of what the router counted (counters read apart in time)
     count_slack_s: float = 0.0  # how much longer a window of the router's own bins may be (sampled bins)
+    # (pod, direction) -> the router's counter as read in real time, where it is: these judge the router's
+    # count (router-count, its evidence, the loss check's other traffic) in place of its bins.
+    readings: Mapping[tuple[str, str], Readings] = field(default_factory=dict)
+    _judged: dict[tuple[str, str], int] = field(default_factory=dict)  # readings router-count has judged
+    _signed: dict[tuple[str, str], int] = field(default_factory=dict)  # readings evidence has judged
     checks: Sequence[AuditCheck] = CHECKS
     probes: list[Probe] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
-    _flagged: set[tuple[AuditCheck, str]] = field(default_factory=set)
+    _flagged: set[tuple[AlertCheck, str]] = field(default_factory=set)
     _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's (or pod's) last (out, in) bytes
     # The last tick's router totals before and after reading the DPUs, and what the DPUs said.
     _balance: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
@@ -234,11 +322,11 @@ class Auditor:
     # This tick's balance per (pod, direction): the router's count (most), its spread (most - least),
     # what the DPUs said (None: unread), and the slack conservation allows.
     _drawn: dict[tuple[str, str], tuple[int, int, int | None, int]] = field(default_factory=dict)
-    _probed: dict[str, ProbeResult] = field(default_factory=dict)  # pod -> this tick's probe burst
+    _probed: dict[str, list[ProbeResult]] = field(default_factory=dict)  # pod -> this tick's probe bursts
     signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
     _public_key: Path | None = None  # the evidence's verification key
 
-    def _alert(self, t_s: float, check: AuditCheck, where: str, detail: str) -> None:
+    def _alert(self, t_s: float, check: AlertCheck, where: str, detail: str) -> None:
         if (check, where) not in self._flagged:
             self._flagged.add((check, where))
             self.alerts.append(Alert(round(t_s, 6), check, where, detail))
@@ -259,23 +347,73 @@ class Auditor:
 
     def _probe(self, t_s: float) -> None:
         # Every burst with bytes counted since it was last judged is judged again, whole; the window's
-        # figure is a burst over its allowance if any, else the latest.
+        # figure is a burst over its allowance if any, else the latest. Then each burst newly closed is
+        # judged for loss, and refusals on the probe's port are reported.
+        self._probed = {}
         for p in self.probes:
+            where, results = f"{p.pod} egress", self._probed.setdefault(p.pod, [])
             changed = sorted(k for k, n in p.bursts.items() if p.judged.get(k) != n)
-            if not changed:
-                continue
-            p.judged.update((k, p.bursts[k]) for k in changed)
-            over = [k for k in changed if p.bursts[k] > p.allowances.get(k, p.allowance_bytes)]
-            shown = over[-1] if over else changed[-1]
-            got, allowed = p.bursts[shown], p.allowances.get(shown, p.allowance_bytes)
-            self._probed[p.pod] = ProbeResult(p.offered_bytes, got, allowed)
-            if over:
-                self._alert(
-                    t_s,
-                    "probe",
-                    f"{p.pod} egress",
-                    f"a probe offered {p.offered_bytes} bytes, {got} got through, the cap allows {allowed}",
-                )
+            if changed:
+                p.judged.update((k, p.bursts[k]) for k in changed)
+                over = [k for k in changed if p.bursts[k] > p.allowances.get(k, p.allowance_bytes)]
+                shown = over[-1] if over else changed[-1]
+                got, allowed = p.bursts[shown], p.allowances.get(shown, p.allowance_bytes)
+                results.append(ProbeResult(p.offered_bytes, got, allowed, burst=shown))
+                if over:
+                    detail = f"a probe offered {p.offered_bytes} bytes, {got} got through, the cap allows {allowed}"
+                    self._alert(t_s, "probe", where, detail)
+            for k in sorted(set(p.closed) - p.loss_judged):
+                p.loss_judged.add(k)
+                if (judged := self._loss(p, k)) is not None:
+                    results.append(judged[0])
+                    if judged[1]:
+                        self._alert(t_s, "probe-loss", where, judged[1])
+            refused = sum(p.rejected.values()) - p.rejected_judged
+            if refused or p.floor_bps > 0:  # authenticated probes say how many were refused, 0 included
+                p.rejected_judged += refused
+                if not results and refused:
+                    k = max(p.judged, default=0)
+                    results.append(ProbeResult(p.offered_bytes, p.bursts.get(k, 0), p.allowance_bytes, burst=k))
+                if results:
+                    results[0] = dataclasses.replace(results[0], rejected=refused)
+            if refused:
+                reasons = ", ".join(f"{n} {why}" for why, n in sorted(p.rejected.items()))
+                detail = f"{refused} datagrams refused on its probe's port (so far: {reasons})"
+                self._alert(t_s, "probe-forged", where, detail)
+
+    def _loss(self, p: Probe, k: int) -> tuple[ProbeResult, str] | None:
+        """Burst `k` judged for loss: its figures, and what went wrong ("" if nothing); None if not judged
+        (no floor, no router count, or a cap left too little free to tell)."""
+        tl = self.router.get((p.pod, "egress"))
+        c = p.closed[k]
+        if not p.floor_bps > 0 or tl is None:
+            return None
+        got = p.bursts.get(k, 0)
+        # What else left the pod while the burst crossed: the router's count over its span, less the probe's.
+        # The span reaches as far past the burst as the router's counts may lag (count_slack_s: an SNMP agent
+        # refreshes its counters every few seconds); a wider span only overstates it, so only excuses more.
+        if (readings := self.readings.get((p.pod, "egress"))) is not None:
+            counted = readings.covering(c.span[0], c.span[1] + self.count_slack_s)
+        else:
+            first = tl.t0(c.span[0])
+            lo = max(0, math.floor((c.span[0] - first) / tl.bin_s))
+            hi = max(0, math.floor((c.span[1] + self.count_slack_s - first) / tl.bin_s) + 1)
+            counted = sum(tl.bins[lo:hi])
+        other = max(0, counted - got)
+        # The cap passes at least its rate over the time the burst was sent in (its bucket may be empty).
+        free = int(p.floor_bps * c.send_s / 8) - other
+        least = min(c.sent_bytes, free) // 2 - LOSS_SLACK_BYTES
+        if least <= 0:
+            return None
+        allowed = p.allowances.get(k, p.allowance_bytes)
+        result = ProbeResult(c.sent_bytes, got, allowed, least_bytes=least, burst=k)
+        if got >= least:
+            return result, ""
+        return result, (
+            f"probe burst {k}: {got} authenticated bytes arrived of {c.sent_bytes} sent in {c.send_s:.3f} s; "
+            f"the router counted {counted} bytes meanwhile ({other} other traffic), so the cap left {free} "
+            f"free: at least {least} should have arrived"
+        )
 
     async def _read_back(self, t_s: float) -> None:
         for name, detail in await self.view.read_back():
@@ -286,18 +424,22 @@ class Auditor:
         # honest senders in several pods may together offer it more than its ingress cap.
         for cap in self.caps:
             for direction, rate in cap.directions()[:1]:
-                tl = self.router.get((cap.pod, direction))
-                if tl is None or not tl.bins:
-                    continue
-                most = max_window_bytes(tl.bin_s, tl.bins, cap.window_s)
+                key = (cap.pod, direction)
+                tl, readings = self.router.get(key), self.readings.get(key)
                 allowed = cap.terms(rate).allowance_bytes() + int(rate * self.count_slack_s / 8)
+                if readings is not None:
+                    # Only pairs ending in a reading taken since the last tick: the earlier ones were judged then.
+                    first, upto = self._judged.get(key, 0), len(readings.totals)
+                    most, span = readings.most_within(cap.window_s, first, upto)
+                    self._judged[key] = upto
+                    within = f"{span:.3f} s (at most {cap.window_s:g} s between its readings)"
+                elif tl is not None and tl.bins:
+                    most, within = max_window_bytes(tl.bin_s, tl.bins, cap.window_s), f"{cap.window_s:g} s"
+                else:
+                    continue
                 if most > allowed:
-                    self._alert(
-                        t_s,
-                        "router-count",
-                        f"{cap.pod} {direction}",
-                        f"the router counted {most} bytes in {cap.window_s:g} s, allowed {allowed}",
-                    )
+                    detail = f"the router counted {most} bytes in {within}, allowed {allowed}"
+                    self._alert(t_s, "router-count", f"{cap.pod} {direction}", detail)
 
     def _router_totals(self) -> dict[tuple[str, str], int]:
         return {key: sum(tl.bins) for key, tl in self.router.items()}
@@ -372,8 +514,14 @@ class Auditor:
                     # next window would sign it (CI: an alert on 20 MB with no window signed violated).
                     if direction == "egress" and hi + 1 > lo:
                         worst = max_window_bytes(tl.bin_s, tl.bins[lo : hi + 1], cap.window_s)
+                if direction == "egress" and (readings := self.readings.get(key)) is not None:
+                    # The pairs router-count judged since the last window (the readings a tick takes after
+                    # that check, for conservation, are its next window's): an alert's window says violated.
+                    upto = self._judged.get(key, len(readings.totals))
+                    worst = readings.most_within(cap.window_s, self._signed.get(key, 0), upto)[0]
+                    self._signed[key] = upto
                 router, spread, said, slack = self._drawn.pop(key, (counted, 0, None, 0))
-                probe = self._probed.pop(cap.pod, None) if direction == "egress" else None
+                probed = self._probed.pop(cap.pod, []) if direction == "egress" else []
                 verdict = self.evidence.window(
                     WindowFigures(
                         pod=cap.pod,
@@ -391,7 +539,7 @@ class Auditor:
                         conservation_slack_bytes=slack + spread + facts.buffers.get(cap.pod, 0),
                         pipeline_expected=facts.expected_pipeline,
                         pipelines=facts.pipelines.get(cap.pod, {}),
-                        probes=(probe,) if probe is not None else (),
+                        probes=tuple(probed),
                     )
                 )
                 self.signed.append((t_s, f"{cap.pod} {direction}", verdict))

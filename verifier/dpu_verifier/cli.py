@@ -2,6 +2,10 @@
 
 dpu-limiter evidence keygen KEY              an Ed25519 key pair: KEY (private, 0600) and KEY.pub
 dpu-limiter evidence verify DIR --key PUB    check a bundle offline; names the first record that fails
+dpu-limiter verify --config FILE             the verifier as a service
+dpu-limiter probe-agent keygen KEY           a pod's probe key (32 random bytes, 0600)
+dpu-limiter probe-agent run ...              send authenticated probe bursts from a pod (docs/probes.md)
+dpu-limiter probe-sink ...                   receive one pod's probes, one JSON line per burst
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ import json
 import sys
 from pathlib import Path
 
+from . import probe_agent
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `evidence` and its commands to dpu-limiter's subcommands."""
+    """Add `evidence`, `verify`, `probe-agent` and `probe-sink` to dpu-limiter's subcommands."""
     ev = sub.add_parser("evidence", help="the verifier's signed evidence").add_subparsers(
         dest="evidence_cmd", required=True, metavar="EVIDENCE_COMMAND"
     )
@@ -45,6 +51,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     service.add_argument("--config", type=Path, required=True, help="the verifier's config (YAML)")
     service.set_defaults(handler=_serve)
+    probe_agent.add_commands(sub)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -68,7 +75,11 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await Verifier(config).run(stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except ConfigError as exc:  # a probe socket that cannot be bound
+        print(f"dpu-limiter verify: {args.config}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

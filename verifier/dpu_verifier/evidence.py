@@ -66,11 +66,28 @@ class CapTerms:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One active probe in the window: what its agent sent past the cap, what arrived, what was allowed."""
+    """One active probe burst in the window: what its agent sent past the cap, what arrived (authenticated,
+    where probes are), what was allowed; where judged for loss, the least that should have arrived; where
+    probes are authenticated, the datagrams refused on the probe's port since the last window."""
 
     sent_bytes: int
     received_bytes: int
     allowed_bytes: int
+    # Added with authenticated probes; None is "not recorded", left out of a record (a bundle signed before
+    # they existed reads back as written).
+    least_bytes: int | None = None
+    rejected: int | None = None
+    burst: int | None = None
+
+
+_PROBE_OPTIONAL = ("least_bytes", "rejected", "burst")
+
+
+def _record_body(figures: WindowFigures) -> dict[str, Any]:
+    """A window's figures as a record holds them: a probe's optional figures only where recorded."""
+    body = dataclasses.asdict(figures)
+    body["probes"] = [{k: v for k, v in p.items() if k not in _PROBE_OPTIONAL or v is not None} for p in body["probes"]]
+    return body
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,11 @@ def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
         checks["pipeline"] = "unverified" if not reads or "" in reads else "pass"
     if f.probes:
         checks["probe"] = "pass" if all(p.received_bytes <= p.allowed_bytes for p in f.probes) else "fail"
+        if any(p.least_bytes is not None for p in f.probes):
+            lost = any(p.least_bytes is not None and p.received_bytes < p.least_bytes for p in f.probes)
+            checks["probe-loss"] = "fail" if lost else "pass"
+        if any(p.rejected is not None for p in f.probes):
+            checks["probe-forged"] = "fail" if any(p.rejected for p in f.probes) else "pass"
     results = set(checks.values())
     verdict: Verdict = "violated" if "fail" in results else "unverified" if "unverified" in results else "held"
     return checks, verdict
@@ -141,6 +163,14 @@ def why(f: WindowFigures, checks: dict[str, Check]) -> str:
         elif name == "probe":
             worst = max(f.probes, key=lambda p: p.received_bytes - p.allowed_bytes)
             out.append(f"probe {result}: {worst.received_bytes} bytes arrived, allowed {worst.allowed_bytes}")
+        elif name == "probe-loss":
+            short = min(
+                (p for p in f.probes if p.least_bytes is not None),
+                key=lambda p: p.received_bytes - (p.least_bytes or 0),
+            )
+            out.append(f"probe-loss {result}: {short.received_bytes} bytes arrived, at least {short.least_bytes} due")
+        elif name == "probe-forged":
+            out.append(f"probe-forged {result}: {sum(p.rejected or 0 for p in f.probes)} datagrams refused")
     return "; ".join(out)
 
 
@@ -205,7 +235,7 @@ class EvidenceWriter:
     def window(self, figures: WindowFigures) -> Verdict:
         """Sign one window's figures with the checks and verdict that `judge` gives; returns the verdict."""
         checks, verdict = judge(figures)
-        body = dataclasses.asdict(figures)
+        body = _record_body(figures)
         terms = {"pod": figures.pod, "direction": figures.direction, "cap": body["cap"]}
         record = {"kind": "window", "figures": body, "checks": checks, "verdict": verdict}
         self._append(_subject(f"pod/{figures.pod}/{figures.direction}", terms), record)
@@ -255,7 +285,7 @@ def _figures(i: int, raw: Any) -> WindowFigures:
         cap = raw["cap"]
         probes = tuple(ProbeResult(**p) for p in raw["probes"])
         f = WindowFigures(**{**raw, "cap": None if cap is None else CapTerms(**cap), "probes": probes})
-        same = _canonical(dataclasses.asdict(f)) == _canonical(raw)
+        same = _canonical(_record_body(f)) == _canonical(raw)
     except (TypeError, KeyError, ValueError) as exc:
         raise _Bad(f"record {i}: malformed figures: {type(exc).__name__}: {exc}") from None
     if not same:

@@ -6,6 +6,10 @@ says are in force, reads the DPUs' counters and read-back state through that API
 figures into an evidence bundle (evidence.py), logs one line per alert and exposes Prometheus metrics
 (alert rules: verifier/alerts.yml). It reaches the control plane only through its API and trusts it for
 nothing it judges: the caps it reads are what the figures are judged against, and they are signed.
+
+With a `probes` section (and "probe" among the checks) it is also the receiver of the pods' probe agents
+(probes.py, docs/probes.md): every sample it takes what reached its probe sockets, and at every tick it
+judges each burst that ended (more than the cap allows; far less than the cap left free; datagrams refused).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +27,23 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.units import MAX_FRAME_BYTES, UnitError, parse_rate
 
-from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope
+from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope, Probe
+from .probes import (
+    Pending,
+    ProbeError,
+    ProbeReceiver,
+    ProbeSchedule,
+    ProbeSink,
+    Report,
+    burst_plan,
+    check_pod,
+    close_bursts,
+    count_bursts,
+    load_key,
+    min_payload,
+)
 from .routers import PortCounter, SnmpError, SnmpRouter
 
 LOG = logging.getLogger("dpu_verifier")
@@ -46,6 +66,29 @@ class RouterConfig:
 
 
 @dataclass(frozen=True)
+class ProbePod:
+    """One pod's probe agent as the verifier receives it: where, under which key, at what rate it sends."""
+
+    pod: str
+    host: str
+    port: int
+    key: bytes = field(repr=False)
+    rate_bps: float
+
+
+@dataclass(frozen=True)
+class ProbesConfig:
+    """The probe agents' shared schedule (their --start-at, --period-s, --burst-s, --size) and pods."""
+
+    start_at: float
+    period_s: float
+    burst_s: float
+    pods: tuple[ProbePod, ...]
+    size: int = 1400
+    clock_skew_s: float = 0.05  # how far an agent's clock may run ahead of the verifier's
+
+
+@dataclass(frozen=True)
 class VerifyConfig:
     """`dpu-limiter verify --config FILE`, validated."""
 
@@ -60,6 +103,7 @@ class VerifyConfig:
     # How stale a router's counters may be (agents refresh them every few seconds): the window and the
     # balance allow what the link can carry in that time.
     counter_lag_s: float = 5.0
+    probes: ProbesConfig | None = None
 
 
 def _field(doc: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
@@ -67,6 +111,49 @@ def _field(doc: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ConfigError(f"{where}{name}: expected {kind.__name__}, got {str(value)[:80]!r}")
     return value
+
+
+def _number(doc: dict[str, Any], name: str, where: str, default: float | None = None, least: float = 0.0) -> float:
+    value = doc.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= least:
+        raise ConfigError(f"{where}{name}: expected a finite number > {least:g}, got {str(value)[:80]!r}")
+    return float(value)
+
+
+def _probes(doc: Any) -> ProbesConfig:
+    """The `probes` section: the agents' schedule and, per pod, listen address, key file and rate."""
+    if not isinstance(doc, dict):
+        raise ConfigError("probes: expected a mapping")
+    where = "probes."
+    start_at = _number(doc, "start_at", where)
+    period_s = _number(doc, "period_s", where)
+    burst_s = _number(doc, "burst_s", where)
+    if burst_s >= period_s:
+        raise ConfigError(f"probes.burst_s: {burst_s:g} must be shorter than period_s ({period_s:g})")
+    size = doc.get("size", ProbesConfig.size)
+    skew = _number(doc, "clock_skew_s", where, ProbesConfig.clock_skew_s, least=-1e-12)
+    pods = []
+    for name, p in _field(doc, "pods", dict, where).items():
+        at = f"probes.pods.{str(name)[:40]}."
+        try:
+            check_pod(str(name))
+            if isinstance(size, bool) or not isinstance(size, int) or not min_payload(str(name)) <= size <= 65507:
+                raise ConfigError(
+                    f"probes.size: expected {min_payload(str(name))}..65507 bytes, got {str(size)[:80]!r}"
+                )
+            if not isinstance(p, dict):
+                raise ConfigError(f"{at[:-1]}: expected a mapping")
+            host, _, port = _field(p, "listen", str, at).rpartition(":")
+            if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"{at}listen: expected host:port, got {p['listen'][:80]!r}")
+            key = load_key(Path(_field(p, "key", str, at)))
+            rate = parse_rate(str(p.get("rate"))[:80], "rate")
+        except (ProbeError, UnitError) as exc:
+            raise ConfigError(f"{at}{str(exc)[:200]}") from None
+        pods.append(ProbePod(str(name), host.strip("[]"), int(port), key, rate))
+    if not pods:
+        raise ConfigError("probes.pods: expected at least one pod")
+    return ProbesConfig(start_at, period_s, burst_s, tuple(pods), size, skew)
 
 
 def load_config(path: Path) -> VerifyConfig:
@@ -105,7 +192,10 @@ def load_config(path: Path) -> VerifyConfig:
             checks=checks,  # type: ignore[arg-type]  # each checked above
             metrics=str(doc.get("metrics", "")),
             counter_lag_s=float(doc.get("counter_lag_s", VerifyConfig.counter_lag_s)),
+            probes=None if doc.get("probes") is None else _probes(doc["probes"]),
         )
+        if ("probe" in checks) != (config.probes is not None):
+            raise ConfigError("checks, probes: the probe check needs a probes section, and a probes section the check")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -160,10 +250,67 @@ class Verifier:
         self.auditor = Auditor([], self.series, ApiView(config.control_plane), checks=config.checks)
         self.auditor.resample = self.sample
         self._seen_alerts = 0
+        self._wall0 = time.time()  # the wall clock at t_start: probes' stamps are wall-clock times
+        self._sink = ProbeSink()
+        self._probe_pods: dict[int, ProbePod] = {}
+        self._probes: dict[int, Probe] = {}
+        self._pending: list[Pending] = []
+        self._arrivals: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        if config.probes is not None:
+            self._listen(config.probes)
+
+    def _listen(self, pc: ProbesConfig) -> None:
+        """Open each pod's probe socket (ConfigError naming the pod if it cannot be bound)."""
+        schedule = ProbeSchedule(pc.start_at, pc.period_s, pc.clock_skew_s)
+        for p in pc.pods:
+            rx = ProbeReceiver(p.pod, p.key, p.port, schedule)
+            family = socket.AF_INET6 if ":" in p.host else socket.AF_INET
+            try:
+                self._sink.listen(socket.socket(family, socket.SOCK_DGRAM), p.host, rx)
+            except OSError as exc:
+                self._sink.close()
+                raise ConfigError(
+                    f"probes.pods.{p.pod}.listen: cannot bind {p.host}:{p.port}: {exc.strerror}"
+                ) from None
+            offered = int(p.rate_bps * pc.burst_s / 8)
+            self._probe_pods[p.port] = p
+            self._probes[p.port] = Probe(p.pod, offered, 0, rejected=rx.rejected)
+
+    def _judge_probes(self, caps: list[CapScope]) -> None:
+        """Count what the probes took against the bursts that ended, and hand closed bursts to the audit."""
+        pc = self.config.probes
+        if pc is None:
+            return
+        self._pending += self._sink.drain()
+        first, period = pc.start_at, pc.period_s
+        boundary = first + math.floor((time.time() - first) / period) * period  # the last burst's edge
+        if boundary <= first:
+            return
+        by_pod = {c.pod: c for c in caps}
+        slack = 4 * MAX_FRAME_BYTES
+
+        def allowed(port: int, seconds: float) -> int:
+            cap = by_pod.get(self._probe_pods[port].pod)
+            # No cap in force: nothing to go over (and no floor to fall short of).
+            return cap.egress_over(seconds) + slack if cap is not None else 1 << 62
+
+        schedule = ProbeSchedule(first, period, pc.clock_skew_s)
+        self._pending = count_bursts(
+            self._pending, boundary, schedule, self._probes, self._arrivals, allowed, pc.burst_s
+        )
+        for port, rx in self._sink.receivers.items():
+            p, probe = self._probe_pods[port], self._probes[port]
+            cap = by_pod.get(p.pod)
+            probe.allowance_bytes = allowed(port, pc.burst_s)
+            probe.floor_bps = cap.egress_bps if cap is not None else 0.0
+            n, gap = burst_plan(p.rate_bps, pc.burst_s, pc.size)
+            close_bursts(probe, rx, boundary, Report(n, n * pc.size, (n - 1) * gap), lambda t: t - self._wall0)
+        self.auditor.probes = [pr for pr in self._probes.values() if pr.pod in by_pod]
 
     async def sample(self) -> None:
         """Read every router's counters now and add what crossed since the last read to the series."""
         t = time.monotonic() - self.t_start
+        self._pending += self._sink.drain()
         for i, (rc, router) in enumerate(zip(self.config.routers, self.routers, strict=True)):
             try:
                 uptime, readings = await router.read()
@@ -202,6 +349,7 @@ class Verifier:
         if self.auditor.evidence is not None and {c.pod for c in caps} != {c.pod for c in self.auditor.caps}:
             self._close()  # the capped pods changed: a bundle covers one set of them throughout
         self.auditor.caps = caps
+        self._judge_probes(caps)
         lag = self.config.counter_lag_s
         self.auditor.count_slack_s = lag
         self.auditor.slack_ratio = 0.001
@@ -240,6 +388,7 @@ class Verifier:
         finally:
             if self.auditor.evidence is not None:
                 self._close()
+            self._sink.close()
 
     def _close(self) -> None:
         result = self.auditor.close_evidence()

@@ -8,45 +8,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from dpu_lab.config import load_scenario
+from dpu_lab.config import EventSpec, load_scenario
 from dpu_lab.runner import LabRun
 from dpu_lab.site import COUNTER_LAG_S, missing
 from helpers.netns import can_netns
 from helpers.paths import ROOT
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
-CAP_BPS, WINDOW_S = 8e6, 10.0
+SCENARIO = ROOT / "bmv2-lab" / "scenarios" / "site-verifier.yaml"
+WINDOW_S = 10.0  # its pod a's cap window
 
 
 def site_run(tmp_path: Path, event: dict[str, Any] | None, duration_s: float) -> Any:
-    """Pod a capped at 8 Mbit/s over 10 s windows, offered three times that, audited every second."""
+    """site-verifier.yaml (pod a capped at 8 Mbit/s over 10 s windows, offered three times that, audited
+    every second) with `event` in place of its own, for `duration_s`."""
     if reason := can_netns() or missing():
         pytest.skip(reason)
-    doc = {
-        "name": "site",
-        "topology": str(ROOT / "bmv2-lab" / "topologies" / "two-pods.yaml"),
-        "caps": [
-            {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": WINDOW_S, "burst_bytes": 100_000},
-            {"pod": "b", "egress": "200M", "ingress": "200M", "window_s": WINDOW_S},
-        ],
-        "audit": {"interval_s": 1.0},
-        "phases": [
-            {
-                "name": "p",
-                "duration_s": duration_s,
-                "flows": [
-                    {"name": "a-to-b", "protocol": "udp", "src": "a1", "dst": "b1", "rate": "24M"},
-                    {"name": "b-to-a", "protocol": "udp", "src": "b1", "dst": "a1", "rate": "4M"},
-                ],
-                "events": [event] if event else [],
-            }
-        ],
-    }
-    path = tmp_path / "site.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return LabRun(load_scenario(path), tmp_path / "out", "embedded", "builtin").run()
+    sc = load_scenario(SCENARIO)
+    events = [EventSpec.model_validate(event)] if event else []
+    sc = sc.model_copy(
+        update={"phases": [sc.phases[0].model_copy(update={"duration_s": duration_s, "events": events})]}
+    )
+    return LabRun(sc, tmp_path / "out", "embedded", "builtin").run()
 
 
 def test_the_sites_verifier_raises_no_alert_on_a_clean_run_and_signs_every_window(tmp_path: Path) -> None:

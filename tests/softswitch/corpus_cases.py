@@ -5,6 +5,8 @@ test_corpus_differential.py (the embedded target against simple_switch_grpc). A 
 uses only what both targets' P4Runtime servers implement; a case's `extra_setup` adds what only
 the embedded target serves (simple_switch_grpc answers UNIMPLEMENTED for RegisterEntry and
 ValueSetEntry, see PI's DeviceMgr).
+
+Over 600 lines on purpose: it is data, one case per corpus program, and a case reads best whole.
 """
 
 from __future__ import annotations

@@ -36,10 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from .checks import Probe
+from typing import Literal, Protocol
 
 MAGIC = b"DLP1"
 KEY_BYTES = 32
@@ -409,6 +406,14 @@ class BurstClose:
     span: tuple[float, float]
 
 
+class BurstBook(Protocol):
+    """A probe's bookkeeping as the audit keeps it (checks.Probe): bytes, allowance and close per burst."""
+
+    bursts: dict[int, int]
+    allowances: dict[int, int]
+    closed: dict[int, BurstClose]
+
+
 # A datagram taken, waiting to be counted: (sent, probe's key, wire bytes, arrived).
 Pending = tuple[float, int, int, float]
 
@@ -437,7 +442,7 @@ def count_bursts(
     pending: Iterable[Pending],
     boundary: float,
     schedule: ProbeSchedule,
-    probes: Mapping[int, Probe],
+    probes: Mapping[int, BurstBook],
     arrivals: dict[tuple[int, int], list[tuple[float, int]]],
     allowed: Callable[[int, float], int],
     probe_s: float,
@@ -476,7 +481,7 @@ SPAN_MARGIN_S = 0.2
 
 
 def close_bursts(
-    probe: Probe, rx: ProbeReceiver, boundary: float, planned: Report, audit_time: Callable[[float], float]
+    probe: BurstBook, rx: ProbeReceiver, boundary: float, planned: Report, audit_time: Callable[[float], float]
 ) -> None:
     """Hand the audit (`probe.closed`) each burst of `rx`, in order, once what its agent sent in it can be
     told (ProbeReceiver.sent_in) and its stragglers are all in by `boundary`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import sqlite3
@@ -14,16 +15,18 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
+from . import heap
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
-from .convert import cap_from_pb, cap_to_pb, change_to_pb, dpu_from_pb, dpu_to_pb, pod_to_pb, router_to_pb
+from .convert import cap_from_pb, cap_to_pb, change_fields, dpu_from_pb, dpu_to_pb, pod_to_pb, router_to_pb
 from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, Router, check_name, shown
-from .service import DpuState, LimiterService
+from .service import FREEZE_EVERY, DpuState, LimiterService
 from .store import StateMismatch
 from .tls import role_of
 
 T = TypeVar("T")
 LOG = logging.getLogger(__name__)
+ON_LOOP_ROWS = 2000  # GetStatus rows made per turn of the event loop (~5 us each)
 
 
 class LimiterApi(pb_grpc.LimiterServicer):
@@ -153,11 +156,21 @@ class LimiterApi(pb_grpc.LimiterServicer):
                     return known
                 return dpu_from_pb(d, f"dpus[{i}]")
 
+            # A fleet's pods share a few caps: each set of values is checked once (what passed, that is;
+            # a failing one is checked again where it comes, so that its error names that field).
+            passed: dict[tuple[float, float, float, int, bool, int], Cap] = {}
+
             def cap(i: int, c: pb.PodCap) -> Cap:
+                if not c.HasField("cap"):
+                    return _cap(c, f"caps[{i}].")
                 known = state.caps.get(c.pod)
-                if known is not None and c.HasField("cap") and cap_to_pb(known) == c.cap:
+                if known is not None and cap_to_pb(known) == c.cap:
                     return known
-                return _cap(c, f"caps[{i}].")
+                v = c.cap
+                values = (v.egress_bps, v.ingress_bps, v.window_s, v.burst_bytes, v.rebalance, v.mode)
+                if (checked := passed.get(values)) is None:
+                    checked = passed[values] = _cap(c, f"caps[{i}].")
+                return checked
 
             pods = [(f"pods[{i}]", pod(i, p)) for i, p in enumerate(request.pods)]
             dpus = [(f"dpus[{i}]", dpu(i, d)) for i, d in enumerate(request.dpus)]
@@ -177,13 +190,14 @@ class LimiterApi(pb_grpc.LimiterServicer):
 
         async def run(actor: str) -> pb.WriteResponse:
             # A fleet's file is tens of thousands of objects: validating them and writing the answer
-            # run in a worker thread, so that the event loop keeps answering and renewing leases.
-            pods, dpus, caps, routers = await asyncio.to_thread(validated)
-            changes = await self.service.apply(pods, dpus, caps, actor, request.dry_run, routers)
-            generation = self.service.state.generation  # this write's (read before anything else can write)
-            return await asyncio.to_thread(
-                lambda: pb.WriteResponse(changes=[change_to_pb(c) for c in changes], generation=generation)
-            )
+            # run in a worker thread, so that the event loop keeps answering and renewing leases; and the
+            # collector waits until they are all made (heap.paused).
+            size = len(request.pods) + len(request.dpus) + len(request.caps) + len(request.routers)
+            with heap.paused() if size >= FREEZE_EVERY else contextlib.nullcontext():
+                pods, dpus, caps, routers = await asyncio.to_thread(validated)
+                changes = await self.service.apply(pods, dpus, caps, actor, request.dry_run, routers)
+                generation = self.service.state.generation  # this write's (read before anything else can write)
+                return await asyncio.to_thread(_written, changes, generation)
 
         return await self._call(context, run, write=True)
 
@@ -210,7 +224,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         return await self._call(context, run, write=True)
 
     def _written(self, changes: list[Change]) -> pb.WriteResponse:
-        return pb.WriteResponse(changes=[change_to_pb(c) for c in changes], generation=self.service.state.generation)
+        return _written(changes, self.service.state.generation)
 
     async def GetPodCap(self, request: pb.GetPodCapRequest, context: grpc.aio.ServicerContext) -> pb.PodCap:  # type: ignore[type-arg]  # noqa: N802
         """A pod's cap."""
@@ -263,15 +277,29 @@ class LimiterApi(pb_grpc.LimiterServicer):
                 change_log_seq=head[0],
                 change_log_hash=head[1],
             )
-            # A row per DPU of the page (of the fleet, without one): the rows and the message are made off
-            # the event loop, which meanwhile keeps renewing leases and answering other calls.
-            snapshot = self.service.status_snapshot(request.page_token, request.page_size)
-            agents, _, more = snapshot
+            # A row per DPU of the page (of the fleet, without one), made on the event loop ON_LOOP_ROWS at a
+            # time (~10 ms), which between them keeps renewing leases and answering other calls. (A worker
+            # thread would not spare the loop: it takes the interpreter lock in turns with it, 5 ms each,
+            # and the loop, which gives the lock up at every poll, waited for it again and again.)
+            agents, busy, more = self.service.status_snapshot(request.page_token, request.page_size)
             if more:
                 out.next_page_token = agents[-1][0]
-            return await asyncio.to_thread(lambda: _status_rows(out, self.service.status(snapshot)))
+            for start in range(0, len(agents), ON_LOOP_ROWS):
+                if start:
+                    await asyncio.sleep(0)
+                _status_rows(out, self.service.status((agents[start : start + ON_LOOP_ROWS], busy, more)))
+            return out
 
         return await self._call(context, run, write=False)
+
+
+def _written(changes: list[Change], generation: int) -> pb.WriteResponse:
+    """A write's answer (its changes added in place: building each message and copying it in costs twice)."""
+    out = pb.WriteResponse(generation=generation)
+    add = out.changes.add
+    for c in changes:
+        add(**change_fields(c))
+    return out
 
 
 def _status_rows(out: pb.GetStatusResponse, rows: list[DpuState]) -> pb.GetStatusResponse:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -46,12 +47,26 @@ def seal(seq: int, ts: float, actor: str, action: str, obj: str, payload: dict[s
 def seal_encoded(seq: int, ts: float, actor: str, action: str, obj: str, payload_json: str, prev: str) -> str:
     """`seal`, given the payload as `compact_json` writes it: the canonical body is put together around it
     (keys in order), so that a fleet's write encodes each payload once."""
-    enc = _BODY.encode
     body = (
-        f'{{"action":{enc(action)},"actor":{enc(actor)},"object":{enc(obj)},"payload":{payload_json},'
-        f'"seq":{enc(seq)},"ts":{enc(ts)}}}'
+        f'{{"action":{_string(action)},"actor":{_string(actor)},"object":{_string(obj)},"payload":{payload_json},'
+        f'"seq":{_number(seq)},"ts":{_number(ts)}}}'
     )
     return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+def _number(value: int | float) -> str:
+    """A number as the encoder writes it (its repr, for an int or a finite float), without calling it."""
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return repr(value)
+    return _BODY.encode(value)
+
+
+def _string(text: str) -> str:
+    """A string as the encoder writes it: quoted as it is when it has nothing to escape (printable ASCII
+    but quote and backslash: names, actions and most actors), which costs far less than encoding it."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    return _BODY.encode(text)
 
 
 def compact_json(payload: dict[str, Any]) -> str:

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+WAKE_BATCH = 64  # callers told their results per turn of the event loop
+
 In = TypeVar("In")
 Out = TypeVar("Out")
 
@@ -41,7 +43,11 @@ class Batched(Generic[In, Out]):
                         future.set_exception(exc)
             else:
                 at = 0
-                for items, future in batch:
+                for k, (items, future) in enumerate(batch, 1):
                     if not future.done():
                         future.set_result(results[at : at + len(items)])
                     at += len(items)
+                    if k % WAKE_BATCH == 0:
+                        # Each caller woken runs on at the loop's next turn: thousands at once (a fleet's
+                        # share passes) would all run in one turn, and reads and lease renewals wait for it.
+                        await asyncio.sleep(0)

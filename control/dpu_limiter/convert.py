@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from .models import Cap, Change, Dpu, InvalidArgument, Pod, Role, Router
 
@@ -94,17 +96,28 @@ def describe(obj: Pod | Dpu | Cap | Router | None) -> str:
             + (f", node MAC {obj.node_mac}" if obj.node_mac else "")
             + (f", seal port {obj.seal_port}" if obj.seal_port is not None else "")
         )
+    return _described_cap(obj)
+
+
+@functools.lru_cache(maxsize=1024)
+def _described_cap(cap: Cap) -> str:
+    """A cap in words (a fleet's pods share a few caps: each is written out once)."""
     return (
-        f"{obj.mode} mode, egress {obj.egress_bps / 1e6:g} Mbit/s, ingress {obj.ingress_bps / 1e6:g} Mbit/s, "
-        f"window {obj.window_s:g} s, burst {obj.burst_bytes} B{', rebalance' if obj.rebalance else ''}"
+        f"{cap.mode} mode, egress {cap.egress_bps / 1e6:g} Mbit/s, ingress {cap.ingress_bps / 1e6:g} Mbit/s, "
+        f"window {cap.window_s:g} s, burst {cap.burst_bytes} B{', rebalance' if cap.rebalance else ''}"
     )
 
 
 def change_to_pb(c: Change) -> pb.Change:
     """Model to proto."""
+    return pb.Change(**change_fields(c))
+
+
+def change_fields(c: Change) -> dict[str, str]:
+    """A change's proto fields by name (a write's answer adds them in place: WriteResponse.changes.add)."""
     after = describe(c.after)
     before = after if c.verb == "unchanged" else describe(c.before)  # a re-applied file is mostly unchanged
-    return pb.Change(verb=c.verb, kind=c.kind, name=c.name, before=before, after=after)
+    return {"verb": c.verb, "kind": c.kind, "name": c.name, "before": before, "after": after}
 
 
 def router_to_pb(r: Router) -> pb.Router:

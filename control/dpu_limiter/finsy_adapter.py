@@ -31,6 +31,7 @@ from finsy.p4schema import P4ConfigResponseType
 from finsy.proto import p4r
 
 from . import dataplane as dp
+from .pacing import Pacer
 
 # (class, attribute) of finsy's that this module relies on beyond its public API.
 RELIED_ON: tuple[tuple[type, str], ...] = (
@@ -57,7 +58,8 @@ def schema(program: dp.ProgramFiles) -> fy.P4Schema:
 class DpuSwitch(fy.Switch):  # type: ignore[misc]
     """finsy's Switch, pushing its pipeline (on connecting, when the cookie differs) in an install slot,
     telling `on_install` each time a pipeline was loaded (the DPU's tables, meters and registers start
-    afresh) and `on_failure` why a connection ended."""
+    afresh) and `on_failure` why a connection ended. Every connection attempt waits for its turn of
+    `connects` (shared by a control plane's agents)."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         on_failure: Callable[[Exception], None],
         program: dp.ProgramFiles,
         on_install: Callable[[], None] = lambda: None,
+        connects: Pacer | None = None,
     ) -> None:
         # finsy would parse the program for every switch: each gets its own copy of one parsed schema
         # instead (a shallow copy: the P4Runtime version a switch reports is set on its own copy).
@@ -77,6 +80,7 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         self.installs = installs
         self.on_failure = on_failure
         self.on_install = on_install
+        self.connects = connects or Pacer()
 
     async def _set_pipeline(self) -> None:
         async with self.installs:
@@ -88,6 +92,9 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         return reply
 
     async def _run(self) -> None:
+        # Every attempt, the first and each retry, in its turn: thousands of DPUs that failed together
+        # (finsy tries again 10 s after an attempt that failed fast) come back at the pace, not at once.
+        await self.connects.turn()
         try:
             await super()._run()
         except Exception as exc:  # finsy logs it and connects again: the agent's status says why meanwhile

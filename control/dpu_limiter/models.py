@@ -46,6 +46,11 @@ NOT_POD_SPACE = tuple(
     )
 )
 PREFIX_CHARS = re.compile(r"[0-9./]+")
+# A dotted quad as Python's ipaddress writes it (no leading zeros), with a port without them: a fleet's
+# file is mostly these, taken as they are; anything else goes through ipaddress (and its errors).
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+CANONICAL_IPV4_PORT = re.compile(rf"(({_OCTET})\.{_OCTET}\.{_OCTET}\.{_OCTET}):([1-9][0-9]{{0,4}})")
+CANONICAL_PREFIX = re.compile(rf"({_OCTET})\.({_OCTET})\.({_OCTET})\.({_OCTET})/(3[0-2]|[12]?[0-9])")
 BROADCAST = ipaddress.IPv4Address("255.255.255.255")
 
 
@@ -124,6 +129,10 @@ def check_address(field_name: str, value: str) -> str:
     """A host:port gRPC address, normalised so that one endpoint has one spelling (the store compares
     them): an IPv4 address, an [IPv6] one (no scope id: it names an interface of one host) or a DNS
     name in lowercase without a trailing dot; the port without leading zeros."""
+    m = CANONICAL_IPV4_PORT.fullmatch(value) if isinstance(value, str) else None
+    # Already in its one spelling: what is left to check is the port's range and what one device can be.
+    if m and int(m[3]) < 65536 and not 224 <= int(m[2]) < 240 and m[1] not in ("0.0.0.0", "255.255.255.255"):
+        return value
     host, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
     if not sep or not host or not PORT_RE.fullmatch(port) or not 0 < int(port) < 65536:
         raise InvalidArgument(field_name, value, "must be host:port with a port in 1..65535")
@@ -160,6 +169,17 @@ def check_address(field_name: str, value: str) -> str:
     return f"{text}:{int(port)}"
 
 
+def _canonical_span(prefix: str) -> tuple[int, int] | None:
+    """The first and last address of a prefix written as ipaddress writes one, with no host bits set
+    (its normal form: 10.0.1.0/24); None for anything else (ipaddress then judges it)."""
+    m = CANONICAL_PREFIX.fullmatch(prefix)
+    if m is None:
+        return None
+    first = int(m[1]) << 24 | int(m[2]) << 16 | int(m[3]) << 8 | int(m[4])
+    host = (1 << (32 - int(m[5]))) - 1
+    return None if first & host else (first, first | host)
+
+
 @dataclass(frozen=True)
 class Pod:
     """A pod and the IPv4 prefixes of its nodes."""
@@ -184,15 +204,18 @@ class Pod:
             where = f"{field_prefix}.ipv4_prefixes[{i}]"
             if not isinstance(p, str) or len(p) > 18 or not PREFIX_CHARS.fullmatch(p):
                 raise InvalidArgument(where, p, "not an IPv4 prefix like 10.0.1.0/24")
-            try:
-                net = ipaddress.IPv4Network(p, strict=True)
-            except ValueError as exc:
-                raise InvalidArgument(where, p, f"not an IPv4 prefix: {exc}") from None
-            first, last = int(net.network_address), int(net.broadcast_address)
+            span, text = _canonical_span(p), p
+            if span is None:
+                try:
+                    net = ipaddress.IPv4Network(p, strict=True)
+                except ValueError as exc:
+                    raise InvalidArgument(where, p, f"not an IPv4 prefix: {exc}") from None
+                span, text = (int(net.network_address), int(net.broadcast_address)), str(net)
+            first, last = span
             for lo, hi, why in NOT_POD_SPACE:
                 if first <= hi and lo <= last:
                     raise InvalidArgument(where, p, f"overlaps {why}, which no pod's nodes can own")
-            norm.append(str(net))
+            norm.append(text)
         return Pod(name=name, ipv4_prefixes=tuple(sorted(set(norm))))
 
 

@@ -43,6 +43,7 @@ from . import finsy_adapter
 from .clock import WALL, Clock
 from .finsy_adapter import DpuSwitch
 from .models import Dpu
+from .pacing import Pacer
 from .tls import TlsFiles
 from .units import (
     CPU_PORT,
@@ -75,12 +76,14 @@ class Concurrency:
 
 
 class Slots:
-    """The slots all agents of one control plane share (FIFO-fair semaphores)."""
+    """The slots all agents of one control plane share (FIFO-fair semaphores), and the pace at which
+    they open connections (pacing.Pacer)."""
 
     def __init__(self, concurrency: Concurrency | None = None) -> None:
         c = concurrency or Concurrency()
         self.installs = asyncio.Semaphore(c.installs)
         self.reconciles = asyncio.Semaphore(c.reconciles)
+        self.connects = Pacer()
 
 
 @dataclass
@@ -204,6 +207,7 @@ class DpuAgent:
             self._failed,
             self._program,
             self._state_lost,
+            self.slots.connects,
         )
         self._task = asyncio.create_task(self._run(), name=f"agent-{self.dpu.name}")
 

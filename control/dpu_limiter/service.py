@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import dataplane as dp
-from . import shares
+from . import heap, shares
 from .batched import Batched
 from .models import (
     Cap,
@@ -48,13 +48,16 @@ LOG = logging.getLogger(__name__)
 
 
 LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals every lifetime / 3)
-# A large write's follow-up work is done this many objects (agents made or started, pods reshared) at a
-# time, yielding to the event loop in between, so that reads and lease renewals are answered meanwhile.
-BATCH = 256
+# A large write's follow-up work is done this many objects (agents made, ~8 us each) at a time, yielding to
+# the event loop in between, so that reads and lease renewals are answered meanwhile.
+BATCH = 1024
+# Share passes started per turn of the loop: each one's first step takes ~0.2 ms (its grants worked out).
+RESHARE_BATCH = 64
 RECHECK_S = 1.0  # how often a wait for a silent DPU's old lease to end looks again
 QUIET_TURNS = 3  # turns of the event loop with nothing to do before the control plane is quiet
-START_BATCH = 64  # agents whose connections are opened at once (each costs the loop ~0.15 ms)
-# Agents made or started between two freezes of the heap (see _freeze_heap).
+# Agents started per turn (their switches made, ~60 us each); their connections open at a pace (pacing.py).
+START_BATCH = 64
+# Agents made or started between two freezes of the heap (see heap.freeze).
 FREEZE_EVERY = 1024
 
 
@@ -67,6 +70,8 @@ class LimiterService:
         self.clock = settings.clock  # the policy's time (the wall clock, or a simulation's)
         self.store = store
         self.slots = Slots(settings.concurrency)  # shared by every agent: how many DPUs are worked on at once
+        self.slots.connects.on_let_go = self._connecting
+        self._connected_since_freeze = 0
         self.resync_s = settings.resync_s
         self.pipeline_check_s = settings.pipeline_check_s
         # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
@@ -86,6 +91,7 @@ class LimiterService:
         self.election_id = settings.election_id
         self.state: DesiredState = store.load()
         self.agents: dict[str, DpuAgent] = {}
+        self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
         # Agents made but not started yet: their connections are opened a few at a time, in the background.
         self._to_start: collections.deque[DpuAgent] = collections.deque()
         self._starter: asyncio.Task[None] | None = None
@@ -172,8 +178,9 @@ class LimiterService:
             self._leaser.cancel()
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
         self.agents.clear()
+        self._sorted = None
         if gc.get_freeze_count():
-            gc.unfreeze()  # what the agents held may be frozen (_freeze_heap): let the collector have it
+            gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
 
     def _start_agent(self, dpu: Dpu) -> None:
         """Make `dpu`'s agent now; its connection is opened soon after, in the background (a few at a time)."""
@@ -205,6 +212,7 @@ class LimiterService:
         agent.on_applied = functools.partial(self._aged, dpu.name)
         agent.on_hold = functools.partial(self._hold_lease, dpu.name)
         self.agents[dpu.name] = agent
+        self._sorted = None
         self._to_start.append(agent)
 
     def _hold_lease(self, name: str, until: float) -> None:
@@ -224,7 +232,7 @@ class LimiterService:
         """Start queued agents a few at a time: opening a connection takes the loop a while, and a
         fleet's write makes thousands at once.
 
-        While thousands start, the heap is frozen every FREEZE_EVERY of them (_freeze_heap).
+        While thousands start, the heap is frozen every FREEZE_EVERY of them (heap.freeze).
         """
         started = 0
         while self._to_start:
@@ -236,8 +244,17 @@ class LimiterService:
             await asyncio.sleep(0)
             if started >= FREEZE_EVERY or (started and not self._to_start and len(self.agents) >= FREEZE_EVERY):
                 await asyncio.sleep(0)  # the last batch's first steps have made their objects
-                _freeze_heap()
+                heap.freeze()
                 started = 0
+
+    def _connecting(self, agents: int) -> None:
+        """`agents` more open their connections now (at a pace: pacing.py), each making objects that stay
+        while it is connected or trying: frozen every FREEZE_EVERY agents, as while they start."""
+        self._connected_since_freeze += agents
+        # Not while the collector waits for a write's objects (heap.paused): that write freezes them all.
+        if self._connected_since_freeze >= FREEZE_EVERY and gc.isenabled():
+            self._connected_since_freeze = 0
+            heap.freeze()
 
     def _indexed(self) -> tuple[dict[str, tuple[str, ...]], dict[str, list[str]]]:
         """Per pod, the node MACs of its node DPUs and the names of all its DPUs (worked out once per state)."""
@@ -267,11 +284,16 @@ class LimiterService:
         return {name: agent.poke() for name, agent in self.agents.items()}
 
     async def _lease_loop(self) -> None:
-        # A third of the lifetime between renewals: one lost renewal does not let a lease lapse.
+        # A third of the lifetime between renewals: one lost renewal does not let a lease lapse. Each is
+        # due a third after the last one was due, not after it came: a busy loop's delay and a fleet's
+        # renewal (20,000 pokes) do not add up from one renewal to the next.
+        period = self.lease_s / 3
+        due = self.clock.monotonic() + period
         while True:
             with self._parked():
-                await self.clock.sleep(self.lease_s / 3)
+                await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
             self.renew_leases()
+            due = max(due + period, self.clock.monotonic())
 
     # ---------------------------------------------------------------- shares
 
@@ -284,7 +306,7 @@ class LimiterService:
         self._resharing[pod] = asyncio.create_task(self._reshare_pass(pod), name=f"reshare-{pod}")
 
     def _reshare_soon(self, pods: list[str]) -> None:
-        """`_reshare` each of `pods`, BATCH of them per turn of the event loop: a pass's first step
+        """`_reshare` each of `pods`, RESHARE_BATCH of them per turn of the event loop: a pass's first step
         grants and pokes, and a fleet's write reshares thousands of pods."""
         self._reshare_due.update(dict.fromkeys(pods))
         if self._reshare_due and (self._resharer is None or self._resharer.done()):
@@ -292,7 +314,7 @@ class LimiterService:
 
     async def _resharing_due(self) -> None:
         while self._reshare_due:
-            for pod in list(itertools.islice(self._reshare_due, BATCH)):
+            for pod in list(itertools.islice(self._reshare_due, RESHARE_BATCH)):
                 self._reshare(pod)
             await asyncio.sleep(0)
 
@@ -678,15 +700,14 @@ class LimiterService:
             if not done:
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
         await asyncio.gather(*(self.agents.pop(a.dpu.name).stop() for a in leaving))
+        self._sorted = None
         if leaving and gc.get_freeze_count():
-            gc.unfreeze()  # what the agents held may be frozen (_freeze_heap): let the collector have it
+            gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
         pods: dict[str, None] = {}  # ordered: pods reshare in the order the write named them
         # A fleet's agents are millions of objects: the collector waits until they are all made, then they
-        # are frozen (_freeze_heap), rather than scanned again and again as the heap grows (0.4 s of 20,000).
-        bulk, collecting = len(changes) >= FREEZE_EVERY, gc.isenabled()
-        if bulk:
-            gc.disable()
-        try:
+        # are frozen (heap.freeze), rather than scanned again and again as the heap grows (0.4 s of 20,000).
+        bulk = len(changes) >= FREEZE_EVERY
+        with heap.paused() if bulk else contextlib.nullcontext():
             for k, c in enumerate(dpus, 1):
                 self.shares.pop(c.name, None)
                 self._samples.pop(c.name, None)
@@ -698,20 +719,19 @@ class LimiterService:
                     self._start_agent(c.after)
                 if k % BATCH == 0:
                     await asyncio.sleep(0)
-        finally:
-            if bulk and collecting:
-                gc.enable()
         if bulk:
-            _freeze_heap()  # the new state and agents, and what a fleet's request left behind
+            heap.freeze()  # the new state and agents, and what a fleet's request left behind
         # New prefixes, or a node joining, leaving or changing its MAC: every DPU of the pod reconciles.
         regroup = {c.name for c in changes if c.kind == "pod" and c.verb != "delete"} | {
             d.pod for c in dpus for d in (c.before, c.after) if isinstance(d, Dpu) and d.role is Role.NODE
         }
         members = self._indexed()[1]
-        for pod in regroup:
+        for k, pod in enumerate(regroup, 1):
             for name in members.get(pod, ()):
                 if (agent := self.agents.get(name)) is not None:
                     agent.poke()
+            if k % BATCH == 0:
+                await asyncio.sleep(0)
         for c in changes:
             if c.kind in ("pod", "cap"):
                 pods[c.name] = None
@@ -758,21 +778,27 @@ class LimiterService:
 
     def status_snapshot(self, after: str = "", limit: int = 0) -> tuple[list[tuple[str, DpuAgent]], set[str], bool]:
         """The agents (by name: those after `after`, at most `limit` of them if not 0), the pods mid-reshare,
-        and whether agents follow the page, as they are now (taken on the event loop, so that `status` can
-        run in a worker thread while the loop changes them)."""
+        and whether agents follow the page, as they are now (so that `status` can make their rows a slice
+        at a time, while the loop changes the agents in between)."""
         busy = set(self._reshare_due) | {p for p, t in self._resharing.items() if not t.done()}
-        names = sorted(self.agents)
+        names = self._names()
         start = bisect.bisect_right(names, after) if after else 0
         end = start + limit if limit else len(names)
         return [(n, self.agents[n]) for n in names[start:end]], busy, end < len(names)
+
+    def _names(self) -> list[str]:
+        """The agents' names in order, sorted once per set of agents (20,000: ~10 ms of the loop per call)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.agents)
+        return self._sorted
 
     def status(self, snapshot: tuple[list[tuple[str, DpuAgent]], set[str], bool] | None = None) -> list[DpuState]:
         """Every DPU's state, by name: its agent's last status (a DPU whose pod is mid-reshare is not
         converged yet) and its lease as last confirmed.
 
         GetStatus asks this of every DPU of the fleet, so it is one pass of plain lookups: which pods
-        are mid-reshare is worked out once, and each row is a tuple. Given a `status_snapshot`, it may
-        run in a worker thread (GetStatus does, at 20,000 DPUs a few hundred ms of the loop's time).
+        are mid-reshare is worked out once, and each row is a tuple. Given a `status_snapshot` (or a
+        slice of its agents), it makes their rows only: GetStatus makes a fleet's a slice per turn of the loop.
         """
         agents, busy, _ = snapshot or self.status_snapshot()
         gen, lease_gen, lifetime = self.state.generation, self.lease_gen, self.lease_s
@@ -908,22 +934,6 @@ async def _read_usage(agent: DpuAgent) -> dict[str, dict[str, tuple[int, int]]]:
     if not agent.status.connected:
         raise ConnectionError(f"no connection to {agent.dpu.p4runtime_address}")
     return await agent.read_usage()
-
-
-def _freeze_heap() -> None:
-    """Collect the young generations' garbage, then move everything alive out of the cyclic
-    collector's reach (gc.freeze).
-
-    A fleet's state and agents are millions of long-lived objects (an agent and its connection some
-    150). Growing the heap that much triggers full collections over all of it, each stalling the
-    event loop longer (up to a second at 20,000 DPUs); frozen, they are never scanned again, and a
-    collection only looks at what was made since. Only the young generations are collected first
-    (milliseconds): a cycle that became garbage in the old one since its last collection stays
-    frozen. Agents that go (deleted, or changed) unfreeze the heap (_commit, stop), so that their
-    cycles are collected.
-    """
-    gc.collect(1)
-    gc.freeze()
 
 
 def _window_s(share: Cap | None) -> float:

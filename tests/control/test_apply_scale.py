@@ -179,3 +179,29 @@ def test_the_sweep_finds_what_comparing_every_pair_finds(seed: int) -> None:
             assert ipaddress.IPv4Network(p).overlaps(ipaddress.IPv4Network(q.removeprefix("overlaps ")))
         else:
             planning.check_prefixes(st, written)
+
+
+async def test_status_pages_follow_the_fleet_as_it_changes(
+    plane: tuple[ControlPlane, LimiterClient, list[float]],
+) -> None:
+    # The names are sorted once per set of agents: a write that takes one DPU and adds another (as many
+    # as before) is listed as it leaves the fleet, page by page, as the whole fleet is.
+    _, c, _ = plane
+    req = fleet(3, f"127.0.0.1:{free_port()}")
+    await c.stub.Apply(req)
+    before = [d.name for d in (await c.status()).dpus]
+    assert before == sorted(d.name for d in req.dpus)
+    await c.stub.Delete(pb.DeleteRequest(dpus=["dpu-000001"]))
+    moved = pb.Dpu()
+    moved.CopyFrom(req.dpus[1])
+    moved.name, moved.device_id, moved.node_mac = "dpu-000009", 99, "02:00:00:00:00:99"
+    await c.stub.Apply(pb.ApplyRequest(dpus=[moved]))
+    after = sorted({*before, "dpu-000009"} - {"dpu-000001"})
+    assert [d.name for d in (await c.status()).dpus] == after
+    paged, token = [], ""
+    while True:
+        page = await c.stub.GetStatus(pb.GetStatusRequest(page_size=4, page_token=token))
+        paged += [d.name for d in page.dpus]
+        if not (token := page.next_page_token):
+            break
+    assert paged == after

@@ -175,7 +175,7 @@ async def verify(addresses: list[str], meters: list[dict[int, MeterParams]]) -> 
     schema = fy.P4Schema(program.p4info, program.bmv2_json)
     meter_id = schema.meters[dp.METER].id
     cells = [
-        p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=meter_id, index=p4r.Index(index=c))) for c in dp.CELLS.values()
+        p4r.Entity(meter_entry=p4r.MeterEntry(meter_id=meter_id, index=p4r.Index(index=c))) for c in dp.METER_CELLS
     ]
     limit = asyncio.Semaphore(100)
 

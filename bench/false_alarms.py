@@ -8,6 +8,12 @@ router-count, conservation and active probes (a burst at twice the cap in every 
 signed evidence. Nothing is compromised: every alert is a false alarm. Real time needs root (it
 builds namespaces; calibration off, as in the tests).
 
+In real time it also says how late the audit's sampler ran and how each capped pod's egress stood under
+the router-count check (`sampling:` and `count:` lines): the most bytes between two readings of the
+router's counters at most the window apart, against the cap's allowance; and, on the same samples, the
+most in a window of 0.1 s bins with the 0.2 s of slack the check used before it judged readings (a late
+sample puts its whole delay in one bin: issue 16's false alarm).
+
 Last line: `time=... target=... seconds=... alerts=... false_alarms=... windows=... held=... violated=...
 unverified=... evidence_verified=... cap_held=... wall_s=...`
 """
@@ -20,10 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from dpu_lab.config import load_scenario
+from dpu_lab.live_audit import SAMPLE_S, LiveAudit
 from dpu_lab.report import Report
+from dpu_verifier.checks import max_window_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,19 +66,43 @@ def scenario(path: Path, seconds: float, burst_bytes: int = BURST_BYTES["embedde
     return path
 
 
-def run(seconds: float, clock: str, target: str, out: Path) -> tuple[Report, float]:
-    """One clean run; its report and wall seconds."""
+def run(seconds: float, clock: str, target: str, out: Path) -> tuple[Report, float, LiveAudit | None]:
+    """One clean run; its report, wall seconds and (real time) its live audit."""
     sc = load_scenario(scenario(out / "scenario.yaml", seconds, BURST_BYTES[target]))
     t0 = time.monotonic()
     if clock == "virtual":
         from dpu_lab.virtual import VirtualLabRun
 
-        report = VirtualLabRun(sc, out / "run", segment_bytes=8000).run()
-    else:
-        from dpu_lab.runner import LabRun
+        return VirtualLabRun(sc, out / "run", segment_bytes=8000).run(), time.monotonic() - t0, None
+    from dpu_lab.runner import LabRun
 
-        report = LabRun(sc, out / "run", target, "builtin").run()  # type: ignore[arg-type]
-    return report, time.monotonic() - t0
+    lab = LabRun(sc, out / "run", target, "builtin")  # type: ignore[arg-type]
+    report = lab.run()
+    return report, time.monotonic() - t0, lab.live
+
+
+def sampling(live: LiveAudit) -> list[str]:
+    """How late the live audit's sampler ran, and each capped pod's egress by readings and by bins."""
+    assert live.auditor is not None
+    first = next(iter(live.readings.values()))
+    asked, answered = np.asarray(first.asked), np.asarray(first.answered)
+    gaps = np.diff(asked)
+    lines = [
+        f"sampling: readings={asked.size} every={SAMPLE_S:g}s max_gap_s={gaps.max(initial=0):.3f} "
+        f"gaps_over_{2 * SAMPLE_S:g}s={int((gaps > 2 * SAMPLE_S).sum())} "
+        f"slowest_answer_s={(answered - asked).max(initial=0):.3f}"
+    ]
+    for cap in live.auditor.caps:
+        key = (cap.pod, "egress")
+        allowed = cap.terms(cap.egress_bps).allowance_bytes()
+        most, span = live.readings[key].most_within(cap.window_s)
+        tl = live.router[key]
+        binned, slack = max_window_bytes(tl.bin_s, tl.bins, cap.window_s), int(cap.egress_bps * 2 * SAMPLE_S / 8)
+        lines.append(
+            f"count: {cap.pod} egress readings_most={most} span_s={span:.3f} allowed={allowed} "
+            f"bins_most={binned} bins_allowed={allowed + slack} bins_would_alert={binned > allowed + slack}"
+        )
+    return lines
 
 
 def main() -> None:
@@ -83,12 +116,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        report, wall = run(args.seconds, args.time, args.target, out)
+        report, wall, live = run(args.seconds, args.time, args.target, out)
     audit = report.audit or {}
     evidence = audit.get("evidence", {})
     verdicts = evidence.get("verdicts", {})
     for a in audit.get("alerts", []):
         print(f"alert at {a['t_s']:.1f} s: {a['check']} {a['where']}: {a['detail']}")
+    if live is not None and live.readings:
+        print("\n".join(sampling(live)))
     target = "embedded" if args.time == "virtual" else args.target
     print(
         f"time={args.time} target={target} seconds={args.seconds:g} alerts={len(audit.get('alerts', []))} "

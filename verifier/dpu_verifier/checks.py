@@ -121,8 +121,9 @@ class Readings:
 
     A reading counts every byte that crossed up to some moment between its asking and its answer, so the
     bytes two readings i < j differ by crossed within (asked[i], answered[j]]: however late either was,
-    that span is known, where a bin only knows when its sample was taken (a sampler stalled for 0.8 s
-    put 0.8 s of traffic in one 0.1 s bin, and "2 s of bins" held 2.8 s: a false alarm, issue 16)."""
+    that span is known, where a bin only knows when its sample was taken (on a loaded machine the lab's
+    sampler ran up to 3 s late, the bytes of its whole delay went into one 0.1 s bin, and "2 s of bins"
+    held 2.4 s of traffic and more: a false alarm, issue 16)."""
 
     asked: list[float] = field(default_factory=list)
     answered: list[float] = field(default_factory=list)

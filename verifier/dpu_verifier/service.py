@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES, UnitError, parse_rate
 
-from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope, Probe
+from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope, Probe, Readings
 from .probes import (
     Pending,
     ProbeError,
@@ -247,7 +247,13 @@ class Verifier:
             registry=registry,
         )
         self._unread = Counter("dpu_verifier_router_unread", "router polls that failed", ["router"], registry=registry)
-        self.auditor = Auditor([], self.series, ApiView(config.control_plane), checks=config.checks)
+        # Each pod's and direction's running total per poll, with when the poll was asked and answered: the
+        # cap is judged on the real span between two polls (checks.Readings), not on bins of sample time
+        # (an agent that refreshes every 3 s puts 3 s of traffic into one bin: a false alarm, issue 16).
+        self.readings: dict[tuple[str, str], Readings] = {}
+        self.auditor = Auditor(
+            [], self.series, ApiView(config.control_plane), checks=config.checks, readings=self.readings
+        )
         self.auditor.resample = self.sample
         self._seen_alerts = 0
         self._wall0 = time.time()  # the wall clock at t_start: probes' stamps are wall-clock times
@@ -311,20 +317,33 @@ class Verifier:
         """Read every router's counters now and add what crossed since the last read to the series."""
         t = time.monotonic() - self.t_start
         self._pending += self._sink.drain()
+        counted: dict[tuple[str, str], int] = {}
+        unread: set[str] = set()  # pods on a router that did not answer: no reading of theirs this poll
         for i, (rc, router) in enumerate(zip(self.config.routers, self.routers, strict=True)):
             try:
-                uptime, readings = await router.read()
+                uptime, ports = await router.read()
             except SnmpError as exc:
                 self._unread.labels(rc.name).inc()
                 LOG.warning("router %s: %s", rc.name, exc)
+                unread.update(rc.ports.values())
                 continue
             for name, pod in rc.ports.items():
-                delta = self._counters[(i, name)].advance(readings.get(name), uptime)
+                delta = self._counters[(i, name)].advance(ports.get(name), uptime)
                 if delta is None:
                     continue  # a discontinuity: nothing counted for this poll, as for a DPU that restarted
                 # What the router received on the pod's port left the pod; what it sent went in.
-                self.series.setdefault((pod, "egress"), Bins(self.config.sample_s)).add(t, delta[0])
-                self.series.setdefault((pod, "ingress"), Bins(self.config.sample_s)).add(t, delta[1])
+                for direction, n in (("egress", delta[0]), ("ingress", delta[1])):
+                    self.series.setdefault((pod, direction), Bins(self.config.sample_s)).add(t, n)
+                    counted[(pod, direction)] = counted.get((pod, direction), 0) + n
+        answered = time.monotonic() - self.t_start
+        # A poll's totals are each port's counter at some moment between `t` less the agents' lag and
+        # `answered`. A pod whose router did not answer gets no reading: its bytes since come with its next,
+        # whose span then starts at the last reading it had.
+        for pod in {pod for rc in self.config.routers for pod in rc.ports.values()} - unread:
+            for direction in ("egress", "ingress"):
+                r = self.readings.setdefault((pod, direction), Readings())
+                last = r.last()
+                r.read(t, answered, (last[2] if last else 0) + counted.get((pod, direction), 0))
 
     async def caps(self) -> list[CapScope]:
         """The caps in force, through the control plane's API, for the pods the routers face."""

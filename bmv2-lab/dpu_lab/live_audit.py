@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpu_limiter.units import MAX_FRAME_BYTES
-from dpu_verifier.checks import ApiView, Auditor, Probe, Readings
+from dpu_verifier.checks import ApiView, Auditor, Probe
 from dpu_verifier.probes import (
     Pending,
     ProbeReceiver,
@@ -58,6 +58,7 @@ from dpu_verifier.probes import (
     generate_key,
     load_key,
 )
+from dpu_verifier.readings import Readings
 
 from .audit import PROBE_PORT, scope
 from .config import CapSpec, Scenario, probe_allowance_bytes

@@ -18,8 +18,9 @@ import pytest
 from test_probes import FakeView  # DPUs that find nothing: only the router's count is under test
 
 from dpu_lab.traffic import Timeline
-from dpu_verifier.checks import Auditor, CapScope, Readings
+from dpu_verifier.checks import Auditor, CapScope
 from dpu_verifier.evidence import BUNDLE_FILE, load_public_key, verify_bundle
+from dpu_verifier.readings import Readings
 
 RATE_BPS = 8e6  # 1 MB/s
 WINDOW_S = 2.0

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES, UnitError, parse_rate
 
-from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope, Probe, Readings
+from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope, Probe
 from .probes import (
     Pending,
     ProbeError,
@@ -44,6 +44,7 @@ from .probes import (
     load_key,
     min_payload,
 )
+from .readings import Readings
 from .routers import PortCounter, SnmpError, SnmpRouter
 
 LOG = logging.getLogger("dpu_verifier")

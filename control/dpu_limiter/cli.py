@@ -65,7 +65,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     _add_plugins(sub)  # the lab's `lab` (dpu_lab.cli), the embedded target's `target`, when installed
 
     serve = sub.add_parser("serve", help="run the control plane's gRPC API")
-    serve.add_argument("--db", type=Path, default=Path("dpu-limiter.db"), help="SQLite state file")
+    serve.add_argument(
+        "--db",
+        type=_db_arg,
+        default=Path("dpu-limiter.db"),
+        help="the state: a SQLite file (default dpu-limiter.db) or postgresql://USER@HOST:PORT/DB",
+    )
     serve.add_argument("--listen", default=DEFAULT_SERVER, help=f"listen address (default {DEFAULT_SERVER})")
     serve.add_argument("--metrics-listen", metavar="ADDR", help="serve Prometheus metrics on ADDR (e.g. :9100)")
     serve.add_argument(
@@ -166,7 +171,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         ("log", "print the records"),
     ):
         a = aud.add_parser(name, help=text)
-        a.add_argument("--db", type=Path, required=True, help="the control plane's state file (or a copy)")
+        a.add_argument(
+            "--db", type=_db_arg, required=True, help="the control plane's state file (or a copy), or postgresql:// URL"
+        )
         a.add_argument("--json", action="store_true", help="JSON output for scripts")
         if name == "verify":
             a.add_argument("--anchor", help="a head hash seen earlier: also detect records cut off the end")
@@ -227,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .reconciler import Concurrency
         from .server import serve
         from .settings import Settings
-        from .store import StateMismatch
+        from .store import StateMismatch, shown_db
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from .tls import TlsFiles
@@ -271,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
             return 1
         except sqlite3.DatabaseError as exc:
-            print(f"dpu-limiter: --db {args.db}: {exc}", file=sys.stderr)
+            print(f"dpu-limiter: --db {shown_db(args.db)}: {exc}", file=sys.stderr)
             return 1
         except (ValueError, OSError) as exc:
             print(f"dpu-limiter: {exc}", file=sys.stderr)
@@ -297,6 +304,13 @@ def _check_client_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--burst: must be >= 0 bytes (0: the default), got {args.burst}")
     if args.cmd == "usage" and args.watch and not 0.1 <= args.interval <= 3600:
         raise ValueError(f"--interval: must be 0.1..3600 seconds, got {args.interval}")
+
+
+def _db_arg(value: str) -> Path | str:
+    """`--db`: a URL as given (a Path would fold its //), anything else a SQLite file."""
+    from .store import is_url
+
+    return value if is_url(value) or value.startswith("sqlite:") else Path(value)
 
 
 def _check_listen(flag: str, value: str) -> None:
@@ -341,7 +355,8 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from .store import read_audit, verify_file
+    from .store import shown_db
+    from .stores import read_audit, verify_file
 
     try:
         if args.audit_cmd == "verify":
@@ -349,7 +364,7 @@ def _audit(args: argparse.Namespace) -> int:
         else:
             records = read_audit(args.db)
     except (FileNotFoundError, sqlite3.DatabaseError, ValueError) as exc:
-        print(f"dpu-limiter: --db {args.db}: {exc}", file=sys.stderr)
+        print(f"dpu-limiter: --db {shown_db(args.db)}: {exc}", file=sys.stderr)
         return 2
     if args.audit_cmd == "log":
         if args.json:

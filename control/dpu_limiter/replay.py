@@ -7,16 +7,16 @@ or removed behind the log is named, with the record that says otherwise. Both si
 (not through the models), so a value of the wrong type is a difference, not a crash.
 
 Records written before a column existed lack its key: they replay with the default the migration
-gives that column (store.Store._migrate), as the table got it. One pass over the records and one
+gives that column (store.py's schema version 1), as the table got it. One pass over the records and one
 over the rows: no work grows faster than the state.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .audit import AuditRecord
 
@@ -72,6 +72,24 @@ OBJECTS = {"pods": ("pod/", ""), "dpus": ("dpu/", ""), "caps": ("pod/", "/cap"),
 Rows = dict[str, dict[Any, dict[str, Any]]]  # table -> key -> column -> value
 
 
+class Db(Protocol):
+    """A cursor in one of the stores' databases (SQLite or PostgreSQL), in a transaction: SQL with `?`
+    placeholders, and the catalog questions whose SQL differs between the two."""
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Any:
+        """Run one statement; the result iterates over its rows (and has fetchone and fetchall)."""
+
+    def executemany(self, sql: str, params: Any, /) -> Any:
+        """Run one statement for each parameter tuple."""
+
+    def columns(self, table: str) -> set[str]:
+        """The table's column names (empty: no such table)."""
+
+    def triggers(self) -> list[tuple[str, str]]:
+        """Each trigger (name, table) that is not the database's own: anything that could change rows
+        behind the log."""
+
+
 class LogError(ValueError):
     """A record that no version of the store writes (only a forger who recomputed the hashes can)."""
 
@@ -123,12 +141,12 @@ def _bad(r: AuditRecord, why: str) -> LogError:
     return LogError(f"record {r.seq} ({r.action} {r.object}): {why}")
 
 
-def stored_rows(db: sqlite3.Connection) -> tuple[Rows, dict[str, Any]]:
+def stored_rows(db: Db) -> tuple[Rows, dict[str, Any]]:
     """The tables' rows as stored (a column an unmigrated file lacks reads as its migration default),
     and the meta table."""
     rows: Rows = {}
     for table, (key, columns) in TABLES.items():
-        present = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        present = db.columns(table)
         rows[table] = {}
         if not present:  # a table older files do not have (routers)
             continue
@@ -144,22 +162,18 @@ def stored_rows(db: sqlite3.Connection) -> tuple[Rows, dict[str, Any]]:
                     except ValueError:
                         pass  # stays text: differs from the list the log has
             rows[table][values[0]] = row
-    meta = {k: v for k, v in db.execute("SELECT key, value FROM meta")} if _has(db, "meta") else {}
+    meta = {k: v for k, v in db.execute("SELECT key, value FROM meta")} if db.columns("meta") else {}
     return rows, meta
 
 
-def _has(db: sqlite3.Connection, table: str) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone() is not None
-
-
-def differences(db: sqlite3.Connection, records: list[AuditRecord]) -> list[str]:
+def differences(db: Db, records: list[AuditRecord]) -> list[str]:
     """Every way the stored state differs from what the (verified) records say, first one first:
     schema, then pods, dpus, caps and routers by name, then the generation. Raises LogError for a
     record no store writes."""
     logged = replay(records)
     out = [
         f"schema: trigger {name!r} on {on} is not the control plane's (it could change rows behind the log)"
-        for name, on in db.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
+        for name, on in db.triggers()
     ]
     stored, meta = stored_rows(db)
     for table, (_, columns) in TABLES.items():

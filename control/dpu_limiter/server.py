@@ -13,7 +13,8 @@ from . import api
 from .metrics import MetricsEndpoint
 from .service import LimiterService
 from .settings import Settings
-from .store import StateMismatch, Store
+from .store import StateMismatch
+from .stores import open_store
 from .tls import TlsFiles
 from .units import GRPC_MESSAGE_OPTIONS
 
@@ -25,14 +26,14 @@ class ControlPlane:
 
     def __init__(
         self,
-        db_path: Path | str,
+        db_path: Path | str,  # a SQLite file, or a postgresql:// URL (stores.open_store)
         listen: str = "127.0.0.1:0",
         settings: Settings | None = None,
         metrics_listen: str | None = None,
         metrics_interval_s: float = 5.0,
         tls: TlsFiles | None = None,
     ) -> None:
-        self.store = Store(db_path, exclusive=True)
+        self.store = open_store(db_path, exclusive=True)
         # The tables are what the audit log says, or nothing is served from them: a row edited behind
         # the log (a cap raised in the file) would otherwise be enforced.
         try:
@@ -42,7 +43,7 @@ class ControlPlane:
             raise
         if not verdict.ok:
             self.store.close()
-            raise StateMismatch(db_path, verdict)
+            raise StateMismatch(self.store.path, verdict)
         self.service = LimiterService(self.store, settings)
         # No SO_REUSEPORT (gRPC's default): a second control plane on a taken port must fail, not
         # share the port and answer every other request from its own state.
@@ -91,7 +92,7 @@ class ControlPlane:
 
 
 async def serve(
-    db_path: Path,
+    db_path: Path | str,
     listen: str,
     settings: Settings,
     metrics_listen: str | None = None,
@@ -100,9 +101,9 @@ async def serve(
     """Serve until SIGINT/SIGTERM."""
     cp = ControlPlane(db_path, listen, settings, metrics_listen=metrics_listen, tls=tls)
     await cp.start()
-    LOG.info("control plane listening on %s, state in %s", cp.address, db_path)
+    LOG.info("control plane listening on %s, state in %s", cp.address, cp.store.path)
     metrics = f", metrics on http://{metrics_listen}/metrics" if metrics_listen else ""
-    print(f"dpu-limiter control plane listening on {cp.address} (state: {db_path}){metrics}", flush=True)
+    print(f"dpu-limiter control plane listening on {cp.address} (state: {cp.store.path}){metrics}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

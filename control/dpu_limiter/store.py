@@ -1,22 +1,26 @@
-"""Durable desired state in SQLite (WAL, synchronous=FULL): an acknowledged write survives a crash."""
+"""Durable desired state: one store over SQLite (the embedded default: WAL, synchronous=FULL) or
+PostgreSQL (store_pg.py: for more than one replica on one database). Either way an acknowledged write
+survives a crash, every write is one transaction with its hash-chained audit records, and the schema
+is versioned (a schema_version table, migration steps applied in order at open)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import itertools
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
+from .replay import Db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,12 +39,47 @@ CREATE TABLE IF NOT EXISTS growth_holds (id INTEGER PRIMARY KEY, pod TEXT NOT NU
 CREATE TABLE IF NOT EXISTS lease_holds (dpu TEXT PRIMARY KEY, until REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
     pod TEXT PRIMARY KEY REFERENCES pods(name), egress_bps REAL NOT NULL, ingress_bps REAL NOT NULL,
-    window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL);
+    window_s REAL NOT NULL, burst_bytes INTEGER NOT NULL, rebalance INTEGER NOT NULL DEFAULT 0,
+    mode TEXT NOT NULL DEFAULT 'rate');
 """
+
+# Columns added after the first state files were written: an older file gets them, with these defaults,
+# in schema version 1 (replay.TABLES gives the log's records from before them the same defaults).
+LEGACY_COLUMNS = {
+    "caps": [("rebalance", "INTEGER NOT NULL DEFAULT 0"), ("mode", "TEXT NOT NULL DEFAULT 'rate'")],
+    "dpus": [
+        ("buffer_bytes", "INTEGER NOT NULL DEFAULT 0"),
+        ("node_mac", "TEXT NOT NULL DEFAULT ''"),
+        ("seal_port", "INTEGER"),
+    ],
+}
+
+Migration = Callable[[Db], None]
+
+
+def statements(script: str) -> list[str]:
+    """A script's statements, to run one at a time in a transaction (sqlite3's executescript commits first)."""
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def is_url(db: Path | str) -> bool:
+    """Whether `--db` names a PostgreSQL database (postgresql:// or postgres://) rather than a SQLite file."""
+    return str(db).startswith(("postgresql://", "postgres://"))
+
+
+def shown_db(db: Path | str) -> str:
+    """`--db` as messages and logs show it: a URL without its password."""
+    parts = urlsplit(str(db))
+    if not is_url(db) or parts.password is None:
+        return str(db)
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+_UNBOUND = object()  # verify_state has not yet seen the tables match the log
 
 
 class StateMismatch(ValueError):
-    """A state file whose audit log is broken, or whose tables are not what the log says: the
+    """A state file (or database) whose audit log is broken, or whose tables are not what the log says: the
     control plane does not start on it. The message is one line naming the file and the first
     difference."""
 
@@ -59,61 +98,107 @@ class StateMismatch(ValueError):
 
 
 class Store:
-    """The desired state on disk; every method is one transaction."""
+    """The desired state in a database; every method is one transaction.
 
-    def __init__(self, path: Path | str, exclusive: bool = False) -> None:
-        self.path = str(path)
-        self._lock_file: IO[bytes] | None = None
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            if exclusive:
-                self._lock_file = _lock(Path(f"{self.path}.lock"), self.path)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+    `stores.open_store(db)` opens the right implementation for `db`: a path (or sqlite://PATH) is a SQLite
+    file (store_sqlite.SqliteStore), a postgresql:// URL a PostgreSQL database (store_pg.PgStore). Everything above the
+    connection is here, shared: the SQL (written in the dialect both accept, `?` placeholders), the
+    change log's chaining, the binding of tables to the log, and the schema's versions. A subclass gives
+    its connection, transactions, catalog and migration steps.
+    """
+
+    MIGRATIONS: tuple[Migration, ...] = ()  # step i takes the schema from version i to i + 1
+    GREATEST = "MAX"  # the larger of two values in an expression (PostgreSQL's is GREATEST)
+
+    path: str
+    head: tuple[int, str]
+
+    def _open(self) -> None:
+        """Migrate the schema and read the log's head: the subclass's __init__ calls it once connected."""
         self._lock = threading.Lock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
         self._migrate()
-        # PRAGMA data_version when the tables last matched the log (None: not checked, as for a file
-        # opened only to be read or repaired). It changes when another connection commits.
-        self._bound: int | None = None
-        row = self._db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+        # The version token (_token) when the tables last matched the log (_UNBOUND: not checked, as for
+        # a database opened only to be read or repaired).
+        self._bound: object = _UNBOUND
+        with self._lock, self._snapshot() as cur:
+            row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
         # The change log's head (last record's sequence number and hash), as this store last wrote or read it.
-        self.head: tuple[int, str] = (row[0], row[1]) if row else (0, audit.GENESIS)
+        self.head = (row[0], row[1]) if row else (0, audit.GENESIS)
+
+    # What a subclass gives: its connection's transactions (entered with self._lock held), a version
+    # token, and closing.
+
+    def _transaction(self) -> contextlib.AbstractContextManager[Db]:
+        """One write transaction, serialised with every other writer of the database: committed when the
+        block ends, rolled back if it raises."""
+        raise NotImplementedError
+
+    def _snapshot(self) -> contextlib.AbstractContextManager[Db]:
+        """One read transaction: every statement in it sees the same committed state."""
+        raise NotImplementedError
+
+    def _statement(self) -> contextlib.AbstractContextManager[Db]:
+        """A cursor outside any transaction: each statement commits by itself."""
+        raise NotImplementedError
+
+    def _token(self) -> object:
+        """A value that changes when another connection commits to the database and not when this one
+        does; None if the database has none (then every write and load checks the tables again)."""
+        return None
+
+    def _close(self) -> None:
+        raise NotImplementedError
 
     def _migrate(self) -> None:
-        # State files from before a column existed get it with its default.
-        cols = {row[1] for row in self._db.execute("PRAGMA table_info(caps)")}
-        if "rebalance" not in cols:
-            self._db.execute("ALTER TABLE caps ADD COLUMN rebalance INTEGER NOT NULL DEFAULT 0")
-        if "mode" not in cols:
-            self._db.execute("ALTER TABLE caps ADD COLUMN mode TEXT NOT NULL DEFAULT 'rate'")
-        dpu_cols = {row[1] for row in self._db.execute("PRAGMA table_info(dpus)")}
-        if "buffer_bytes" not in dpu_cols:
-            self._db.execute("ALTER TABLE dpus ADD COLUMN buffer_bytes INTEGER NOT NULL DEFAULT 0")
-        if "node_mac" not in dpu_cols:
-            self._db.execute("ALTER TABLE dpus ADD COLUMN node_mac TEXT NOT NULL DEFAULT ''")
-        if "seal_port" not in dpu_cols:
-            self._db.execute("ALTER TABLE dpus ADD COLUMN seal_port INTEGER")
+        """Bring the schema to the newest version this control plane knows, in one write transaction
+        (so two control planes starting on one database migrate it once); a database of a newer
+        version than that is refused, not written by code that does not know its tables."""
+        with self._lock, self._transaction() as cur:
+            cur.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied TEXT NOT NULL)"
+            )
+            row = cur.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            version = int(row[0]) if row and row[0] is not None else 0
+            if version > len(self.MIGRATIONS):
+                raise sqlite3.DatabaseError(
+                    f"{self.path}: schema version {version} is newer than this control plane's "
+                    f"({len(self.MIGRATIONS)}); run the version that wrote it"
+                )
+            for step in range(version, len(self.MIGRATIONS)):
+                self.MIGRATIONS[step](cur)
+                cur.execute(
+                    "INSERT INTO schema_version(version, applied) VALUES (?, ?)",
+                    (step + 1, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+                )
+
+    def schema_version(self) -> int:
+        """The schema version the database is at."""
+        with self._lock, self._snapshot() as cur:
+            return int(cur.execute("SELECT MAX(version) FROM schema_version").fetchone()[0])
 
     def close(self) -> None:
         """Close the database (and give up its lock), once no thread is in a transaction."""
         with self._lock:  # a write a cancelled task left running in a thread may still be in it
-            self._db.close()
-        if self._lock_file is not None:
-            self._lock_file.close()
+            self._close()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Db]:
+        """One write transaction under the lock (the connection is used by one thread at a time)."""
+        with self._lock, self._transaction() as cur:
+            yield cur
 
     def commit(self, changes: list[Change], actor: str = "local") -> int:
         """Store every change and its audit record in one transaction (all or none); returns the new generation."""
         todo = [c for c in changes if c.verb != "unchanged"]
         if not todo:  # nothing to record: a new generation without a record would not replay
-            with self._lock:
-                row = self._db.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+            with self._lock, self._snapshot() as cur:
+                row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
             return int(row[0]) if row else 0
         with self._writing() as cur:
-            self._still_bound()
+            self._still_bound(cur)
             gen = self._bump(cur)
+            # The head as committed, read after the transaction's write lock is taken: another writer of
+            # the database (another replica) may have appended since this store last wrote.
             row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
             head = (row[0], row[1]) if row else (0, audit.GENESIS)
             # In the changes' order, a run of the same statement at a time (a fleet's write is 40,000 rows:
@@ -131,50 +216,51 @@ class Store:
         return gen
 
     @staticmethod
-    def _bump(cur: sqlite3.Cursor) -> int:
+    def _bump(cur: Db) -> int:
         row = cur.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
         gen = int(row[0]) + 1 if row else 1
-        cur.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('generation', ?)", (str(gen),))
+        cur.execute(
+            "INSERT INTO meta(key, value) VALUES ('generation', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (str(gen),),
+        )
         return gen
 
     def audit_records(self) -> list[audit.AuditRecord]:
         """Every audit record, oldest first."""
-        with self._lock:
-            return _audit_rows(self._db)
+        with self._lock, self._snapshot() as cur:
+            return audit_rows(cur)
 
     def verify_state(self, anchor: str | None = None) -> audit.Verdict:
         """Check the audit chain and that the tables are what it says (what the control plane
         checks before it starts). Once they match, every later write and load first checks again
-        if another connection wrote the file meanwhile, and refuses if they no longer match."""
+        if another connection wrote the database meanwhile, and refuses if they no longer match."""
         with self._lock:
-            version = self._data_version()  # read first: a write in between only makes us check again
-            verdict = verify_db(self._db, anchor)
+            token = self._token()  # read first: a write in between only makes us check again
+            with self._snapshot() as cur:
+                verdict = verify_in(cur, anchor)
             if verdict.ok:
-                self._bound = version
+                self._bound = token
             return verdict
 
-    def _data_version(self) -> int:
-        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
-
-    def _still_bound(self) -> None:
+    def _still_bound(self, cur: Db) -> None:
         """In a transaction: the tables still match the log, or StateMismatch. A row edited in the
-        file while the control plane runs is neither written over nor read into what it enforces."""
-        if self._bound is None:
+        database while the control plane runs is neither written over nor read into what it enforces."""
+        if self._bound is _UNBOUND:
             return
-        version = self._data_version()
-        if version == self._bound:  # nobody else committed (our own commits leave it unchanged)
+        token = self._token()
+        if token is not None and token == self._bound:  # nobody else committed (our own commits leave it)
             return
-        verdict = _verify_in(self._db, None)  # another writer, or only a checkpoint: check, once
+        verdict = verify_in(cur, None)  # another writer, or only a checkpoint: check, once
         if not verdict.ok:
             raise StateMismatch(self.path, verdict, "refusing to use it")
-        self._bound = version
+        self._bound = token
 
     def put_pod(self, pod: Pod, actor: str = "local") -> int:
         """Insert or replace a pod; returns the new generation."""
         return self.commit([Change("update", "pod", pod.name, after=pod)], actor)
 
     def add_dpu(self, dpu: Dpu, actor: str = "local") -> int:
-        """Insert a DPU (sqlite3.IntegrityError if the name exists)."""
+        """Insert a DPU (sqlite3.IntegrityError if the name exists, from either database)."""
         return self.commit([Change("create", "dpu", dpu.name, after=dpu)], actor)
 
     def put_cap(self, pod: str, cap: Cap, actor: str = "local") -> int:
@@ -183,14 +269,9 @@ class Store:
 
     def load(self) -> DesiredState:
         """Read the whole desired state."""
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN")
-            try:
-                self._still_bound()
-                return self._read(cur)
-            finally:
-                cur.execute("COMMIT")
+        with self._lock, self._snapshot() as cur:
+            self._still_bound(cur)
+            return self._read(cur)
 
     # Grants and growth holds: each DPU's share as granted, and, while a pod's shares move, until when
     # (wall clock) a DPU of it may still pass an old, larger share (or its bytes count in the window).
@@ -200,13 +281,9 @@ class Store:
     def hold_growth(self, holds: list[tuple[str, float]]) -> list[int]:
         """Record, in one transaction, that each (pod, until) pod's DPUs may not grow before `until`
         (seconds since the epoch); returns the holds' ids."""
-        ids = []
         with self._writing() as cur:
-            for pod, until in holds:
-                cur.execute("INSERT INTO growth_holds(pod, until) VALUES (?, ?)", (pod, until))
-                assert cur.lastrowid is not None
-                ids.append(cur.lastrowid)
-        return ids
+            sql = "INSERT INTO growth_holds(pod, until) VALUES (?, ?) RETURNING id"
+            return [int(cur.execute(sql, (pod, until)).fetchone()[0]) for pod, until in holds]
 
     def hold_leases(self, holds: list[tuple[str, float]]) -> list[None]:
         """Record, in one transaction, that each (dpu, until) DPU may hold no lease before `until`
@@ -215,16 +292,16 @@ class Store:
         with self._writing() as cur:
             cur.executemany(
                 "INSERT INTO lease_holds(dpu, until) VALUES (?, ?) "
-                "ON CONFLICT(dpu) DO UPDATE SET until = MAX(until, excluded.until)",
+                f"ON CONFLICT(dpu) DO UPDATE SET until = {self.GREATEST}(lease_holds.until, excluded.until)",
                 holds,
             )
         return [None] * len(holds)
 
     def lease_holds(self, now: float) -> dict[str, float]:
         """Each DPU's lease hold still running at `now` (seconds since the epoch); the ended ones are forgotten."""
-        with self._lock:
-            self._db.execute("DELETE FROM lease_holds WHERE until <= ?", (now,))
-            rows = self._db.execute("SELECT dpu, until FROM lease_holds").fetchall()
+        with self._lock, self._statement() as cur:
+            cur.execute("DELETE FROM lease_holds WHERE until <= ?", (now,))
+            rows = cur.execute("SELECT dpu, until FROM lease_holds").fetchall()
         return {dpu: until for dpu, until in rows}
 
     def release_growth(self, holds: list[int]) -> list[None]:
@@ -237,28 +314,15 @@ class Store:
         """Record each DPU's share of its pod's cap as granted (None: its floor), in one transaction."""
         rows = [(dpu, _share_json(c)) for dpu, c in grants]
         with self._writing() as cur:
-            cur.executemany("INSERT OR REPLACE INTO grants(dpu, share) VALUES (?, ?)", rows)
+            cur.executemany(
+                "INSERT INTO grants(dpu, share) VALUES (?, ?) ON CONFLICT(dpu) DO UPDATE SET share=excluded.share", rows
+            )
         return [None] * len(grants)
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction under the lock: committed when the block ends, rolled back if it raises.
-        The connection is in autocommit mode, so without it each statement (each row of an executemany)
-        would be a transaction of its own, each with its own fsync."""
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
 
     def load_grants(self) -> dict[str, Cap | None]:
         """Each DPU's share as last granted."""
-        with self._lock:
-            rows = self._db.execute("SELECT dpu, share FROM grants").fetchall()
+        with self._lock, self._statement() as cur:
+            rows = cur.execute("SELECT dpu, share FROM grants").fetchall()
         out: dict[str, Cap | None] = {}
         for dpu, share in rows:
             fields = json.loads(share)
@@ -267,13 +331,13 @@ class Store:
 
     def growth_holds(self, now: float) -> dict[str, float]:
         """Each pod's latest hold still running at `now` (seconds since the epoch); the ended ones are forgotten."""
-        with self._lock:
-            self._db.execute("DELETE FROM growth_holds WHERE until <= ?", (now,))
-            rows = self._db.execute("SELECT pod, MAX(until) FROM growth_holds GROUP BY pod").fetchall()
+        with self._lock, self._statement() as cur:
+            cur.execute("DELETE FROM growth_holds WHERE until <= ?", (now,))
+            rows = cur.execute("SELECT pod, MAX(until) FROM growth_holds GROUP BY pod").fetchall()
         return {pod: until for pod, until in rows}
 
     @staticmethod
-    def _read(cur: sqlite3.Cursor) -> DesiredState:
+    def _read(cur: Db) -> DesiredState:
         """The whole desired state, read in the caller's transaction."""
         state = DesiredState()
         for name, prefixes in cur.execute("SELECT name, ipv4_prefixes FROM pods"):
@@ -311,19 +375,6 @@ def _share_json(share: Cap | None) -> str:
     return SORTED_JSON.encode(None if share is None else dataclasses.asdict(share))
 
 
-def _lock(lock_path: Path, db_path: str) -> IO[bytes]:
-    """An exclusive lock on a state file, held while the returned file stays open: one control plane
-    per file (a second one would write from its own stale copy of the state). A lock file of its
-    own, and flock, not SQLite's POSIX locks: closing any descriptor of the database would drop those."""
-    f = lock_path.open("a+b")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise StateInUse(f"{db_path}: in use by another control plane (locked: {lock_path})") from None
-    return f
-
-
 AUDIT_INSERT = "INSERT INTO audit(seq, ts, actor, action, object, payload, prev, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -336,6 +387,22 @@ def _audit_row(
     text = audit.compact_json(payload)  # encoded once: hashed and stored
     digest = audit.seal_encoded(seq, ts, actor, action, obj, text, prev)
     return (seq, digest), (seq, ts, actor, action, obj, text, prev, digest)
+
+
+def _upsert(table: str, key: str, columns: list[str]) -> str:
+    """Insert a row or replace its values, in the syntax SQLite and PostgreSQL share (INSERT OR REPLACE is
+    SQLite's own)."""
+    values = ", ".join("?" * (1 + len(columns)))
+    sets = ", ".join(f"{c}=excluded.{c}" for c in columns)
+    return f"INSERT INTO {table}({key}, {', '.join(columns)}) VALUES ({values}) ON CONFLICT({key}) DO UPDATE SET {sets}"
+
+
+_DPU_COLUMNS = [
+    "p4runtime_address", "device_id", "pod", "role", "host_port", "uplink_port", "buffer_bytes", "node_mac", "seal_port"
+]  # fmt: skip
+DPU_UPSERT = _upsert("dpus", "name", _DPU_COLUMNS)
+DPU_INSERT = DPU_UPSERT.partition(" ON CONFLICT")[0]
+CAP_UPSERT = _upsert("caps", "pod", ["egress_bps", "ingress_bps", "window_s", "burst_bytes", "rebalance", "mode"])
 
 
 def _change_sql(c: Change) -> tuple[str, tuple[Any, ...], tuple[str, str, dict[str, Any]]]:
@@ -359,7 +426,7 @@ def _change_sql(c: Change) -> tuple[str, tuple[Any, ...], tuple[str, str, dict[s
     if isinstance(c.after, Router):
         pods = list(c.after.pods)
         return (
-            "INSERT OR REPLACE INTO routers(name, pods) VALUES (?, ?)",
+            "INSERT INTO routers(name, pods) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET pods=excluded.pods",
             (c.name, json.dumps(pods)),
             ("apply-router", _object("router", c.name), {"pods": pods}),
         )
@@ -368,18 +435,15 @@ def _change_sql(c: Change) -> tuple[str, tuple[Any, ...], tuple[str, str, dict[s
         payload: dict[str, Any] = d.as_dict()
         del payload["name"]
         # A new DPU is inserted (a duplicate name fails the transaction); a changed one replaced.
-        verb = "INSERT" if c.verb == "create" else "INSERT OR REPLACE"
         return (
-            f"{verb} INTO dpus(name, p4runtime_address, device_id, pod, role, host_port, uplink_port, buffer_bytes, "
-            "node_mac, seal_port) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            DPU_INSERT if c.verb == "create" else DPU_UPSERT,
             (d.name, *payload.values()),
             (("register-dpu" if c.verb == "create" else "update-dpu"), _object("dpu", c.name), payload),
         )
     assert isinstance(c.after, Cap)
     cap = c.after
     return (
-        "INSERT OR REPLACE INTO caps(pod, egress_bps, ingress_bps, window_s, burst_bytes, rebalance, mode) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        CAP_UPSERT,
         (c.name, cap.egress_bps, cap.ingress_bps, cap.window_s, cap.burst_bytes, int(cap.rebalance), cap.mode),
         (
             "set-cap",
@@ -401,42 +465,10 @@ def _object(kind: str, name: str) -> str:
     return f"pod/{name}/cap" if kind == "cap" else f"{kind}/{name}"
 
 
-def read_audit(path: Path | str) -> list[audit.AuditRecord]:
-    """The audit records of a state file, opened read-only (a verifier's copy stays untouched)."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{path}: no such state file")
-    db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+def verify_in(db: Db, anchor: str | None) -> audit.Verdict:
+    """The chain of the records in `db`, its anchor if given, and its tables against the chain."""
     try:
-        return _audit_rows(db)
-    finally:
-        db.close()
-
-
-def verify_file(path: Path | str, anchor: str | None = None) -> audit.Verdict:
-    """`audit verify`: the chain of a state file, its anchor if given, and its tables against the
-    chain, opened read-only (a verifier's copy stays untouched, so an old file is read unmigrated)."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{path}: no such state file")
-    db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, isolation_level=None)
-    try:
-        return verify_db(db, anchor)
-    finally:
-        db.close()
-
-
-def verify_db(db: sqlite3.Connection, anchor: str | None = None) -> audit.Verdict:
-    """The chain, the anchor, then the stored state replayed from the chain: the first that fails,
-    read in one snapshot (a write in between cannot make them disagree)."""
-    db.execute("BEGIN")
-    try:
-        return _verify_in(db, anchor)
-    finally:
-        db.execute("COMMIT")
-
-
-def _verify_in(db: sqlite3.Connection, anchor: str | None) -> audit.Verdict:
-    try:
-        records = _audit_rows(db)
+        records = audit_rows(db)
     except ValueError as exc:  # a payload that is not JSON: no store writes one
         return audit.Verdict(False, 0, audit.GENESIS, str(exc), "chain")
     verdict = audit.verify(records, anchor)
@@ -452,12 +484,13 @@ def _verify_in(db: sqlite3.Connection, anchor: str | None) -> audit.Verdict:
     return dataclasses.replace(verdict, ok=False, problem=found[0] + more, check="state")
 
 
-def _audit_rows(db: sqlite3.Connection) -> list[audit.AuditRecord]:
+def audit_rows(db: Db) -> list[audit.AuditRecord]:
+    """The change log's records as stored in `db`, refusing columns and payloads no store writes."""
     rows = db.execute("SELECT seq, ts, actor, action, object, payload, prev, hash FROM audit ORDER BY seq").fetchall()
     out = []
     types: tuple[type | tuple[type, ...], ...] = (int, (int, float), str, str, str, str, str, str)
     for r in rows:
-        # Columns of the wrong SQLite type (an actor stored as a BLOB) are edits, not records.
+        # Columns of the wrong type (an actor stored as a SQLite BLOB) are edits, not records.
         if not all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(r, types, strict=True)):
             raise ValueError(f"record {r[0]!r}: a column holds a value of the wrong type (edited)")
         try:

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from dpu_limiter.audit import GENESIS, seal, verify
 from dpu_limiter.models import Cap, Dpu, Pod
-from dpu_limiter.store import Store, read_audit
+from dpu_limiter.stores import open_store, read_audit
 
 
 def _state(tmp_path: Path) -> Path:
     db = tmp_path / "state.db"
-    s = Store(db)
+    s = open_store(db)
     s.put_pod(Pod("a", ("10.0.1.0/24",)))
     s.add_dpu(Dpu("dpu-a", "127.0.0.1:9559", 1, "a"))
     s.put_cap("a", Cap(20e6, 20e6, 10.0, 100_000))

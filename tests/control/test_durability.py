@@ -14,7 +14,7 @@ import pytest
 
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.store import read_audit, verify_file
+from dpu_limiter.stores import read_audit, verify_file
 from helpers.processes import free_port, stop, wait_port
 
 pytestmark = pytest.mark.timeout(180)

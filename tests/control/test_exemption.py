@@ -18,7 +18,7 @@ from dpu_limiter import dataplane as dp
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_mac
-from dpu_limiter.store import Store
+from dpu_limiter.stores import open_store
 from dpu_limiter.units import ARP_BURST_BYTES, ARP_RATE_BPS, allowed_window_bytes
 from dpu_softswitch.device import Device
 from helpers.planes import plane_with_pod, programmed_target
@@ -102,11 +102,11 @@ def test_node_macs_are_normalised_and_only_nodes_have_one() -> None:
 
 
 def test_node_macs_survive_the_store(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+    store = open_store(tmp_path / "s.db")
     store.put_pod(POD)
     store.add_dpu(node("n1", MACS[0]))
     store.close()
-    assert Store(tmp_path / "s.db").load().dpus["n1"].node_mac == MACS[0]
+    assert open_store(tmp_path / "s.db").load().dpus["n1"].node_mac == MACS[0]
 
 
 async def test_one_mac_names_one_node_across_the_fleet(tmp_path: Path) -> None:
@@ -192,12 +192,12 @@ def test_seal_ports_survive_the_store_the_api_and_files(tmp_path: Path) -> None:
     from dpu_limiter.convert import dpu_from_pb, dpu_to_pb
     from dpu_limiter.manifest import dpu_entry
 
-    store = Store(tmp_path / "s.db")
+    store = open_store(tmp_path / "s.db")
     store.put_pod(POD)
     store.add_dpu(sealed_node("n1", MACS[0]))
     store.add_dpu(sealed_node("n2", MACS[1], None))
     store.close()
-    dpus = Store(tmp_path / "s.db").load().dpus
+    dpus = open_store(tmp_path / "s.db").load().dpus
     assert (dpus["n1"].seal_port, dpus["n2"].seal_port) == (2, None)
     assert dpu_from_pb(dpu_to_pb(dpus["n1"])).seal_port == 2
     assert dpu_from_pb(dpu_to_pb(dpus["n2"])).seal_port is None  # unset, not port 0

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_address
-from dpu_limiter.store import Store
+from dpu_limiter.stores import open_store
 
 
 def test_pod_prefixes_are_normalised_and_checked() -> None:
@@ -61,24 +61,22 @@ def test_dpu_ports() -> None:
         Dpu.validated(Dpu("d", "127.0.0.1:1", 1, "a", Role.POD_UPLINK, 511, 0))
 
 
-def test_store_round_trip_and_durability(tmp_path: Path) -> None:
-    db = tmp_path / "state.db"
-    s = Store(db)
+def test_store_round_trip_and_durability(db: str) -> None:
+    s = open_store(db)
     s.put_pod(Pod("a", ("10.0.1.0/24",)))
     s.add_dpu(Dpu("dpu-a", "127.0.0.1:9559", 1, "a"))
     gen = s.put_cap("a", Cap(20e6, 10e6, 10.0, 2_500_000))
     s.close()
-    state = Store(db).load()
+    state = open_store(db).load()
     assert state.generation == gen == 3
     assert state.pods["a"].ipv4_prefixes == ("10.0.1.0/24",)
     assert state.dpus["dpu-a"].p4runtime_address == "127.0.0.1:9559"
     assert state.caps["a"] == Cap(20e6, 10e6, 10.0, 2_500_000)
 
 
-def test_store_refuses_duplicates_without_losing_state(tmp_path: Path) -> None:
-    import sqlite3
-
-    s = Store(tmp_path / "s.db")
+def test_store_refuses_duplicates_without_losing_state(db: str) -> None:
+    # The same error from either database (the PostgreSQL store raises sqlite3's, as the API expects).
+    s = open_store(db)
     s.put_pod(Pod("a", ("10.0.1.0/24",)))
     s.add_dpu(Dpu("dpu-a", "127.0.0.1:9559", 1, "a"))
     with pytest.raises(sqlite3.IntegrityError):
@@ -86,6 +84,7 @@ def test_store_refuses_duplicates_without_losing_state(tmp_path: Path) -> None:
     state = s.load()
     assert list(state.dpus) == ["dpu-a"] and state.dpus["dpu-a"].device_id == 1
     assert state.generation == 2
+    s.close()
 
 
 def test_a_state_file_from_before_new_columns_opens_with_their_defaults(tmp_path: Path) -> None:
@@ -106,7 +105,10 @@ def test_a_state_file_from_before_new_columns_opens_with_their_defaults(tmp_path
     )
     db.commit()
     db.close()
-    st = Store(path).load()
+    store = open_store(path)
+    assert store.schema_version() == 1  # files from before versions were counted are version 1
+    st = store.load()
+    store.close()
     assert st.dpus["dpu-a"] == Dpu("dpu-a", "127.0.0.1:9559", 1, "a", Role.POD_UPLINK, 0, 1, buffer_bytes=0)
     assert st.caps["a"] == Cap(2e7, 2e7, 10.0, 100_000, rebalance=False, mode="rate")
 
@@ -114,7 +116,7 @@ def test_a_state_file_from_before_new_columns_opens_with_their_defaults(tmp_path
 def test_grants_and_holds_are_written_in_one_transaction_each(tmp_path: Path) -> None:
     # The connection autocommits: an executemany outside a transaction would commit (and fsync) each row,
     # which made a fleet's write of 20,000 grants take seconds.
-    store = Store(tmp_path / "state.db")
+    store = open_store(tmp_path / "state.db")
     statements: list[str] = []
     store._db.set_trace_callback(statements.append)
     store.save_grants([(f"dpu-{i}", Cap(1e6, 1e6, 1.0) if i % 2 else None) for i in range(500)])

@@ -15,7 +15,7 @@ import pytest
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
-from dpu_limiter.store import read_audit
+from dpu_limiter.stores import read_audit
 from dpu_limiter.tls import TlsFiles, init, issue
 from helpers.planes import register
 from helpers.processes import free_port, start_embedded, stop, wait_port

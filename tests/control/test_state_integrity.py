@@ -17,7 +17,8 @@ from dpu_limiter.audit import GENESIS, seal
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Change, Dpu, Role
 from dpu_limiter.server import ControlPlane
-from dpu_limiter.store import StateMismatch, Store
+from dpu_limiter.store import StateMismatch
+from dpu_limiter.stores import open_store
 from helpers.processes import cli, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -287,10 +288,10 @@ async def test_an_old_format_state_file_still_starts(tmp_path: Path) -> None:
 
 def test_a_state_without_records_or_rows_starts_and_verifies(tmp_path: Path) -> None:
     db = tmp_path / "new.db"
-    s = Store(db)
+    s = open_store(db)
     assert s.commit([Change("unchanged", "pod", "a")]) == 0  # nothing recorded, no new generation either
     s.close()
-    assert Store(db).verify_state().ok
+    assert open_store(db).verify_state().ok
     res = cli("audit", "verify", "--db", str(db))
     assert res.returncode == 0, res
 

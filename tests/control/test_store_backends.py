@@ -1,0 +1,159 @@
+"""The store's semantics on both databases (the `db` fixture: SQLite and PostgreSQL): versioned schema,
+grants and holds, the tables bound to the change log, one control plane per database, and two writers
+on one database keeping one linear change log."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from dpu_limiter.audit import verify
+from dpu_limiter.models import Cap, Change, Dpu, Pod
+from dpu_limiter.store import StateInUse, StateMismatch, Store, is_url
+from dpu_limiter.stores import open_store, read_audit, verify_file
+from helpers.processes import cli
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _behind(db: str, statement: str) -> None:
+    """One statement on the database from another connection, as an operator's sqlite3 or psql would."""
+    if is_url(db):
+        import psycopg
+
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(statement.encode())
+        return
+    con = sqlite3.connect(db)
+    con.execute(statement)
+    con.commit()
+    con.close()
+
+
+def _fleet(s: Store) -> None:
+    s.commit(
+        [
+            Change("create", "pod", "a", after=Pod("a", ("10.0.1.0/24",))),
+            Change("create", "dpu", "dpu-a", after=Dpu("dpu-a", "127.0.0.1:9559", 1, "a")),
+            Change("create", "cap", "a", after=Cap(8e6, 8e6, 10.0, 100_000)),
+        ],
+        "verifier:test",
+    )
+
+
+def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
+    s = open_store(db)
+    assert s.schema_version() == 1
+    s.close()
+    s = open_store(db)  # opening again migrates nothing
+    assert s.schema_version() == 1
+    s.close()
+    _behind(db, "INSERT INTO schema_version(version, applied) VALUES (2, 'by a newer control plane')")
+    with pytest.raises(sqlite3.DatabaseError, match="schema version 2 is newer than this control plane's"):
+        open_store(db)
+
+
+def test_grants_and_holds(db: str) -> None:
+    s = open_store(db)
+    s.save_grants([("d1", Cap(1e6, 1e6, 1.0)), ("d2", None)])
+    s.save_grants([("d1", Cap(2e6, 2e6, 1.0))])  # replaced, not added
+    assert s.load_grants() == {"d1": Cap(2e6, 2e6, 1.0), "d2": None}
+    ids = s.hold_growth([("a", 100.0), ("a", 300.0), ("b", 50.0)])
+    assert len(set(ids)) == 3
+    assert s.growth_holds(60.0) == {"a": 300.0}  # b's is over (and forgotten)
+    s.release_growth(ids[1:2])
+    assert s.growth_holds(60.0) == {"a": 100.0}
+    s.hold_leases([("d1", 30.0), ("d1", 20.0), ("d2", 5.0)])  # the later of two holds stands
+    assert s.lease_holds(10.0) == {"d1": 30.0}
+    s.close()
+
+
+def test_a_row_edited_behind_the_log_is_refused(db: str) -> None:
+    s = open_store(db)
+    _fleet(s)
+    assert s.verify_state().ok
+    _behind(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
+    with pytest.raises(StateMismatch, match=r"caps/a\.egress_bps: stored 1e\+12, the log says 8e\+06"):
+        s.put_pod(Pod("b", ("10.0.2.0/24",)))
+    with pytest.raises(StateMismatch, match=r"caps/a\.egress_bps"):
+        s.load()
+    s.close()
+    verdict = verify_file(db)
+    assert not verdict.ok and verdict.check == "state" and "caps/a.egress_bps" in verdict.problem
+    assert [r.action for r in read_audit(db)] == ["apply-pod", "register-dpu", "set-cap"]  # nothing more
+    res = cli("audit", "verify", "--db", db, "--json")
+    assert res.returncode == 1 and "caps/a.egress_bps" in json.loads(res.stdout)["problem"], res
+
+
+def test_a_trigger_is_a_difference(db: str) -> None:
+    s = open_store(db)
+    _fleet(s)
+    s.close()
+    if is_url(db):
+        _behind(db, "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'")
+        _behind(db, "CREATE TRIGGER sneak BEFORE UPDATE ON caps FOR EACH ROW EXECUTE FUNCTION f()")
+    else:
+        _behind(db, "CREATE TRIGGER sneak AFTER UPDATE ON caps BEGIN SELECT 1; END")
+    verdict = verify_file(db)
+    assert not verdict.ok and "trigger 'sneak' on caps" in verdict.problem
+
+
+def test_one_control_plane_per_database(db: str) -> None:
+    first = open_store(db, exclusive=True)
+    with pytest.raises(StateInUse, match="in use by another control plane"):
+        open_store(db, exclusive=True)
+    first.close()
+    open_store(db, exclusive=True).close()  # given up on close
+
+
+def test_two_writers_keep_one_linear_change_log(db: str) -> None:
+    """Two stores on one database (two replicas' connections) write at once: every acknowledged write is
+    there, each with its own generation, and the change log is one chain that verifies."""
+    open_store(db).close()  # the schema first: not what this test is about
+    writers = [open_store(db), open_store(db)]
+    per_writer = 40
+    generations: list[list[int]] = [[], []]
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def write(i: int) -> None:
+        try:
+            start.wait()
+            for n in range(per_writer):
+                pod = Pod(f"w{i}-{n}", (f"10.{i}.{n}.0/24",))
+                generations[i].append(writers[i].put_pod(pod, actor=f"writer-{i}"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=100)
+    assert not errors, errors
+    acknowledged = sorted(generations[0] + generations[1])
+    assert acknowledged == list(range(1, 2 * per_writer + 1))  # each write its own generation
+    records = writers[0].audit_records()
+    assert verify(records).ok and len(records) == 2 * per_writer
+    assert {r.actor for r in records} == {"writer-0", "writer-1"}
+    interleaved = sum(a.actor != b.actor for a, b in itertools.pairwise(records))
+    state = writers[1].load()
+    assert len(state.pods) == 2 * per_writer and state.generation == 2 * per_writer
+    assert writers[1].verify_state().ok
+    for w in writers:
+        w.close()
+    assert verify_file(db).ok
+    assert interleaved >= 1  # the two really wrote at once (else the test proved nothing)
+
+
+def test_a_sqlite_url_is_a_file(tmp_path: Path) -> None:
+    s = open_store(f"sqlite://{tmp_path / 'state.db'}")  # sqlite:///abs/path
+    _fleet(s)
+    s.close()
+    assert type(s).__name__ == "SqliteStore" and (tmp_path / "state.db").is_file()
+    assert verify_file(tmp_path / "state.db").ok

@@ -105,12 +105,14 @@ def installed_modules(requirements: list[str]) -> set[str]:
 
 def test_each_package_needs_only_what_it_installs() -> None:
     """`pip install .` brings every module the control plane and the target import; `.[lab]` the lab's, and
-    `.[cluster]` what the lab's sweeps import only when handed to a cluster."""
+    `.[cluster]` what the lab's sweeps import only when handed to a cluster, `.[postgres]` what the store
+    imports only for a postgresql:// database."""
     core = PYPROJECT["project"]["dependencies"]
     # The lab's own requirements; it also installs the verifier's ("dpu-limiter[verify]").
     lab = [r for r in PYPROJECT["project"]["optional-dependencies"]["lab"] if requirement_name(r) != "dpu-limiter"]
     cluster = PYPROJECT["project"]["optional-dependencies"]["cluster"]
     verify = PYPROJECT["project"]["optional-dependencies"]["verify"]
+    postgres = PYPROJECT["project"]["optional-dependencies"]["postgres"]  # store_pg.py, only for postgresql://
     assert {requirement_name(r) for r in lab} == LAB_DEPENDENCIES
     assert not {requirement_name(r) for r in core} & LAB_DEPENDENCIES
     assert "dpu-limiter[lab]" in PYPROJECT["project"]["optional-dependencies"]["test"]  # .ci/run: '.[test]'
@@ -118,7 +120,7 @@ def test_each_package_needs_only_what_it_installs() -> None:
     assert "dpu-limiter[verify]" in PYPROJECT["project"]["optional-dependencies"]["test"]
     assert "dpu-limiter[verify]" in PYPROJECT["project"]["optional-dependencies"]["lab"]
     for folders, requirements in (
-        ((CONTROL, TARGET), core),
+        ((CONTROL, TARGET), core + postgres),
         ((LAB,), core + verify + lab + cluster),
         ((VERIFIER,), core + verify),
     ):

@@ -25,6 +25,7 @@ import grpc
 
 if TYPE_CHECKING:
     from .client import LimiterClient
+    from .manifest import Manifest
 
 from . import display
 from .units import DEFAULT_LEASE_S, MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, RESYNC_S
@@ -304,6 +305,8 @@ def _check_client_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--burst: must be >= 0 bytes (0: the default), got {args.burst}")
     if args.cmd == "usage" and args.watch and not 0.1 <= args.interval <= 3600:
         raise ValueError(f"--interval: must be 0.1..3600 seconds, got {args.interval}")
+    if args.cmd == "delete" and ((args.file is None) == (args.kind is None) or (args.kind and not args.names)):
+        raise ValueError("delete: give either -f FILE or a kind (pod, dpu, cap, router) and names")
 
 
 def _db_arg(value: str) -> Path | str:
@@ -391,15 +394,26 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     from .tls import TlsFiles
     from .units import UnitError, parse_rate
 
+    manifest: Manifest | None = None
+    if args.cmd in ("apply", "delete") and args.file is not None:
+        # A bad file is refused before any connection is opened: it never reaches the network.
+        from .manifest import ManifestError, load_manifest
+
+        try:
+            manifest = load_manifest(args.file)
+        except ManifestError as exc:
+            print(f"dpu-limiter: {exc}", file=sys.stderr)
+            return 2
     d = args.tls_dir
     tls = TlsFiles(d / "ca.pem", d / f"{args.role}.pem", d / f"{args.role}.key") if d else None
     async with LimiterClient(args.server, tls) as c:
         if args.cmd == "usage" and args.watch:
             return await display.watch_usage(c, args)
         if args.cmd == "apply":
-            return await _apply(c, args)
+            assert manifest is not None  # -f is required by the parser
+            return await _apply(c, manifest, args)
         if args.cmd == "delete":
-            return await _delete(c, args)
+            return await _delete(c, manifest, args)
         if args.cmd == "get":
             return await display.get_objects(c, args)
         if args.cmd == "cap" and args.cap_cmd == "set":
@@ -439,14 +453,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
-    from .manifest import ManifestError, load_manifest
-
-    try:
-        manifest = load_manifest(args.file)
-    except ManifestError as exc:
-        print(f"dpu-limiter: {exc}", file=sys.stderr)
-        return 2
+async def _apply(c: LimiterClient, manifest: Manifest, args: argparse.Namespace) -> int:
     try:
         written = await c.apply(manifest.pods, manifest.dpus, manifest.caps, manifest.routers, dry_run=args.dry_run)
     except grpc.aio.AioRpcError as exc:  # nothing of the file was stored
@@ -456,19 +463,9 @@ async def _apply(c: LimiterClient, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _delete(c: LimiterClient, args: argparse.Namespace) -> int:
-    from .manifest import ManifestError, load_manifest
-
-    if (args.file is None) == (args.kind is None) or (args.kind is not None and not args.names):
-        print("dpu-limiter: delete: give either -f FILE or a kind (pod, dpu, cap, router) and names", file=sys.stderr)
-        return 2
+async def _delete(c: LimiterClient, m: Manifest | None, args: argparse.Namespace) -> int:
     names: dict[str, list[str]]  # by kind: pods, dpus, caps, routers
-    if args.file is not None:
-        try:
-            m = load_manifest(args.file)
-        except ManifestError as exc:
-            print(f"dpu-limiter: {exc}", file=sys.stderr)
-            return 2
+    if m is not None:
         # Everything the file names: its routers, caps, DPUs and pods (with their caps).
         names = {
             "pods": [p.name for p in m.pods],

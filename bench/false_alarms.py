@@ -8,11 +8,13 @@ router-count, conservation and active probes (a burst at twice the cap in every 
 signed evidence. Nothing is compromised: every alert is a false alarm. Real time needs root (it
 builds namespaces; calibration off, as in the tests).
 
-In real time it also says how late the audit's sampler ran and how each capped pod's egress stood under
-the router-count check (`sampling:` and `count:` lines): the most bytes between two readings of the
-router's counters at most the window apart, against the cap's allowance; and, on the same samples, the
-most in a window of 0.1 s bins with the 0.2 s of slack the check used before it judged readings (a late
-sample puts its whole delay in one bin: issue 16's false alarm).
+In real time the lab also runs `dpu-limiter verify` as a site runs it (snmpd in the router's namespace,
+dpu_lab.site): its alerts and evidence are printed on `verify` lines. It also says how late the audit's
+sampler ran and how each capped pod's egress stood under the router-count check (`sampling:` and
+`count:` lines): the most bytes between two readings of the router's counters at most the window
+apart, against the cap's allowance; and, on the same samples, the most in a window of 0.1 s bins with
+the 0.2 s of slack the check used before it judged readings (a late sample puts its whole delay in one
+bin: issue 16's false alarm).
 
 Last line: `time=... target=... seconds=... alerts=... false_alarms=... windows=... held=... violated=...
 unverified=... evidence_verified=... cap_held=... wall_s=...`
@@ -124,6 +126,19 @@ def main() -> None:
         print(f"alert at {a['t_s']:.1f} s: {a['check']} {a['where']}: {a['detail']}")
     if live is not None and live.readings:
         print("\n".join(sampling(live)))
+    if (site := report.verifier) is not None:  # real time: `dpu-limiter verify` as a site runs it, over SNMP
+        for a in site.get("alerts", []):
+            print(f"verify alert at {a['t_s']:.1f} s: {a['check']} {a['where']}: {a['detail']}")
+        held: dict[str, int] = {}
+        for b in site.get("evidence", []):
+            for verdict, n in b["verdicts"].items():
+                held[verdict] = held.get(verdict, 0) + n
+        bundles = site.get("evidence", [])
+        print(
+            f"verify: alerts={len(site.get('alerts', []))} false_alarms={site.get('false_alarms')} "
+            f"bundles={len(bundles)} verified={all(b['verified'] for b in bundles) and bool(bundles)} "
+            f"held={held.get('held', 0)} violated={held.get('violated', 0)} unverified={held.get('unverified', 0)}"
+        )
     target = "embedded" if args.time == "virtual" else args.target
     print(
         f"time={args.time} target={target} seconds={args.seconds:g} alerts={len(audit.get('alerts', []))} "

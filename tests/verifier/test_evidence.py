@@ -20,6 +20,7 @@ from securesystemslib.signer import CryptoSigner
 
 from dpu_verifier.evidence import (
     BUNDLE_FILE,
+    Balance,
     CapTerms,
     EvidenceWriter,
     ProbeResult,
@@ -242,3 +243,91 @@ def test_the_verdict_rule() -> None:
     assert judge(figures("a", "egress", T0, probes=(probe,)))[0]["probe"] == "fail"
     window_mode = dataclasses.replace(CAP, mode="window")
     assert window_mode.allowance_bytes() == CAP.allowance_bytes() - 400_000
+
+
+def write_balanced(directory: Path, key: Path, windows: int = 4) -> Path:
+    """A closed bundle of pod a's egress whose running balance goes on from the first window."""
+    w = EvidenceWriter(directory, load_signer(key), SCOPE[:1], T0)
+    for k in range(windows):
+        balance = Balance(T0, 9_000_000 * (k + 1), 9_000_100 * (k + 1), 6072)
+        w.window(figures("a", "egress", T0 + 10.0 * k, balance=balance))
+    w.close(T0 + 10.0 * windows)
+    return directory / BUNDLE_FILE
+
+
+def balance_edit(i: int, edit: Callable[[dict[str, Any]], None]) -> Callable[[list[str], CryptoSigner], list[str]]:
+    # Re-signed with the verifier's own key, verdict and checks made to follow: only the balance's rules show it.
+    def tamper(ls: list[str], signer: CryptoSigner) -> list[str]:
+        def change(statement: dict[str, Any]) -> None:
+            figs = statement["predicate"]["figures"]
+            edit(figs)
+            f = WindowFigures(**{**figs, "cap": CAP, "probes": (), "balance": _balance(figs.get("balance"))})
+            statement["predicate"]["checks"], statement["predicate"]["verdict"] = judge(f)
+            figs["probes"] = []
+
+        return ls[:i] + [resign(ls[i], signer, change)] + ls[i + 1 :]
+
+    return tamper
+
+
+def place(i: int) -> str:
+    """How `evidence verify` names window record `i` of `write_balanced`'s bundle."""
+    return f"record {i} (a egress, {T0 + 10.0 * (i - 1):.3f}..{T0 + 10.0 * i:.3f})"
+
+
+def _balance(raw: dict[str, Any] | None) -> Balance | None:
+    return None if raw is None else Balance(**raw)
+
+
+def test_a_running_balance_verifies_and_a_shortfall_is_violated(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    path = write_balanced(tmp_path / "bundle", keys[0])
+    result = verify_bundle(path.parent, load_public_key(keys[1]))
+    assert result.ok and result.verdicts == {"held": 4}, result
+    short = figures("a", "egress", T0, balance=Balance(T0, 9_000_000, 8_000_000, 6072))
+    checks, verdict = judge(short)
+    assert checks["balance"] == "fail" and verdict == "violated"
+
+
+@pytest.mark.parametrize(
+    ("tamper", "named"),
+    [
+        (
+            balance_edit(2, lambda f: f["balance"].update(since=T0 + 10.0)),
+            f"{place(2)}: its balance (since 1800000010.000",
+        ),
+        (
+            balance_edit(2, lambda f: f.pop("balance")),
+            f"{place(2)}: the running balance of record 1 stops",
+        ),
+        (
+            balance_edit(3, lambda f: f["balance"].update(router_bytes=1)),
+            f"{place(3)}: its balance",
+        ),
+        (
+            balance_edit(1, lambda f: f["balance"].update(since=T0 + 5.0)),
+            f"{place(1)}: its balance runs since",
+        ),
+    ],
+    ids=["restarted-while-read", "stopped-while-read", "router-figure-fell", "since-after-start"],
+)
+def test_a_balance_restarted_or_cut_to_hide_a_shortfall_fails_naming_the_record(
+    tmp_path: Path,
+    keys: tuple[Path, Path],
+    tamper: Callable[[list[str], CryptoSigner], list[str]],
+    named: str,
+) -> None:
+    path = write_balanced(tmp_path / "bundle", keys[0])
+    path.write_text("\n".join(tamper(lines(path), load_signer(keys[0]))) + "\n")
+    result = verify_bundle(path.parent, load_public_key(keys[1]))
+    assert not result.ok
+    assert result.problem.startswith(named), result.problem
+
+
+def test_a_balance_may_stop_where_the_dpus_were_not_read(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    w = EvidenceWriter(tmp_path / "b", load_signer(keys[0]), SCOPE[:1], T0)
+    w.window(figures("a", "egress", T0, balance=Balance(T0, 9_000_000, 9_000_100, 6072)))
+    w.window(figures("a", "egress", T0 + 10, dpu_bytes=None))  # a DPU restarted: the balance starts again
+    w.window(figures("a", "egress", T0 + 20, balance=Balance(T0 + 20, 9_000_000, 9_000_100, 6072)))
+    w.close(T0 + 30)
+    result = verify_bundle(tmp_path / "b", load_public_key(keys[1]))
+    assert result.ok, result.problem

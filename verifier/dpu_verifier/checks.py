@@ -40,8 +40,10 @@ import numpy as np
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES, allowed_window_bytes
 
+from .balance import RunningBalance
 from .evidence import (
     DIRECTIONS,
+    Balance,
     CapTerms,
     EvidenceWriter,
     ProbeResult,
@@ -51,7 +53,7 @@ from .evidence import (
     load_signer,
     verify_bundle,
 )
-from .probes import BurstClose
+from .probes import FORGERY, BurstClose
 from .readings import Readings
 
 AuditCheck = Literal["read-back", "router-count", "conservation", "probe"]
@@ -217,20 +219,27 @@ class ApiView:
         return found
 
     async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
-        """Each pod's counters, summed over its DPUs by the control plane."""
+        """Each DPU's counters (None where the control plane could not read them): per DPU, so that one
+        that restarted is seen going back even while its pod's total still rises."""
         async with LimiterClient(self.address) as client:
-            usage = await client.usage()
-        out: dict[str, tuple[int, int]] = {}
+            usage = await client.usage(per_dpu=True)
+        out: dict[str, tuple[str, tuple[int, int] | None]] = {}
         for u in usage.usage:
-            passed, metered = out.get(u.pod, (0, 0))
+            if not u.dpu:
+                continue  # a pod's totals: its DPUs' rows follow
+            pod, read = out.get(u.dpu, (u.pod, (0, 0)))
+            if u.error or read is None:
+                out[u.dpu] = (pod, None)
+                continue
+            passed, metered = read
             # ARP has a meter of its own (arp_bytes: what it passed).
             if u.direction == "egress":
                 passed += u.green_bytes + u.yellow_bytes + u.arp_bytes
             else:
                 metered += u.green_bytes + u.yellow_bytes + u.red_bytes + u.window_bytes + u.lease_bytes + u.arp_bytes
                 metered += u.arp_dropped_bytes
-            out[u.pod] = (passed, metered)
-        return {pod: (pod, counts) for pod, counts in out.items()}
+            out[u.dpu] = (pod, (passed, metered))
+        return out
 
 
 @dataclass
@@ -269,6 +278,10 @@ class Auditor:
     # what the DPUs said (None: unread), and the slack conservation allows.
     _drawn: dict[tuple[str, str], tuple[int, int, int | None, int]] = field(default_factory=dict)
     _probed: dict[str, list[ProbeResult]] = field(default_factory=dict)  # pod -> this tick's probe bursts
+    # pod -> its egress running balance (balance.py), what this tick drew of it, its DPUs at the last tick
+    balances: dict[str, RunningBalance] = field(default_factory=dict)
+    _balances_drawn: dict[str, Balance] = field(default_factory=dict)
+    _members: dict[str, set[str]] = field(default_factory=dict)
     signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
     _public_key: Path | None = None  # the evidence's verification key
 
@@ -314,7 +327,7 @@ class Auditor:
                     results.append(judged[0])
                     if judged[1]:
                         self._alert(t_s, "probe-loss", where, judged[1])
-            refused = sum(p.rejected.values()) - p.rejected_judged
+            refused = sum(n for why, n in p.rejected.items() if why in FORGERY) - p.rejected_judged
             if refused or p.floor_bps > 0:  # authenticated probes say how many were refused, 0 included
                 p.rejected_judged += refused
                 if not results and refused:
@@ -323,7 +336,7 @@ class Auditor:
                 if results:
                     results[0] = dataclasses.replace(results[0], rejected=refused)
             if refused:
-                reasons = ", ".join(f"{n} {why}" for why, n in sorted(p.rejected.items()))
+                reasons = ", ".join(f"{n} {why}" for why, n in sorted(p.rejected.items()) if why in FORGERY)
                 detail = f"{refused} datagrams refused on its probe's port (so far: {reasons})"
                 self._alert(t_s, "probe-forged", where, detail)
 
@@ -397,9 +410,12 @@ class Auditor:
         # what they say must lie between what the router counted over the shortest and the longest
         # interval those allow.
         before = self._router_totals()
+        read_before = {key: len(r.totals) for key, r in self.readings.items()}
         reported: dict[tuple[str, str], int] = {}
         unsure: set[str] = set()
+        members: dict[str, set[str]] = {}
         for name, (pod, read) in (await self.view.counters()).items():
+            members.setdefault(pod, set()).add(name)
             if read is None:
                 unsure.add(pod)
                 continue
@@ -410,11 +426,38 @@ class Auditor:
             self._last[name] = (out, into)
             reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
             reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
+        # A DPU that joined or left its pod adds or takes its whole count at once: no balance across that.
+        unsure.update(pod for pod, names in members.items() if self._members.get(pod, names) != names)
+        unsure.update(set(self._members) - set(members))
+        self._members = members
         if self.resample is not None:
             again = self.resample()
             if again is not None:
                 await again
         after = self._router_totals()
+        self._balances_drawn = {}
+        for pod in unsure:
+            if pod in self.balances:
+                self.balances[pod].drop()
+        for cap in self.caps:
+            key = (cap.pod, "egress")
+            if cap.pod in unsure:
+                continue
+            bal = self.balances.setdefault(cap.pod, RunningBalance())
+            if bal.since is None:  # how the router is read, as of the reference
+                bal.readings, bal.lag_s = self.readings.get(key), self.count_slack_s
+            drawn = bal.draw(t_s, reported.get(key, 0), before.get(key, 0), after.get(key, 0), read_before.get(key, 0))
+            if drawn is None:
+                continue
+            self._balances_drawn[cap.pod] = drawn
+            if drawn.short():
+                self._alert(
+                    t_s,
+                    "conservation",
+                    f"{cap.pod} egress",
+                    f"since {drawn.since:.1f} s the router counted at least {drawn.router_bytes} bytes leaving "
+                    f"the pod, its DPUs say they passed {drawn.dpu_bytes} (+{drawn.slack_bytes})",
+                )
         for cap in self.caps:
             for direction, _ in cap.directions():
                 key = (cap.pod, direction)
@@ -468,6 +511,7 @@ class Auditor:
                     self._signed[key] = upto
                 router, spread, said, slack = self._drawn.pop(key, (counted, 0, None, 0))
                 probed = self._probed.pop(cap.pod, []) if direction == "egress" else []
+                drawn = self._balances_drawn.pop(cap.pod, None) if direction == "egress" else None
                 verdict = self.evidence.window(
                     WindowFigures(
                         pod=cap.pod,
@@ -486,6 +530,7 @@ class Auditor:
                         pipeline_expected=facts.expected_pipeline,
                         pipelines=facts.pipelines.get(cap.pod, {}),
                         probes=tuple(probed),
+                        balance=drawn,
                     )
                 )
                 self.signed.append((t_s, f"{cap.pod} {direction}", verdict))

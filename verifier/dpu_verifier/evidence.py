@@ -83,10 +83,28 @@ class ProbeResult:
 _PROBE_OPTIONAL = ("least_bytes", "rejected", "burst")
 
 
+@dataclass(frozen=True)
+class Balance:
+    """A pod's egress running balance at a window's end (balance.py): since when it runs, the least the
+    router counted leaving the pod since, what its DPUs say they passed since, and the slack allowed."""
+
+    since: float
+    router_bytes: int
+    dpu_bytes: int
+    slack_bytes: int
+
+    def short(self) -> bool:
+        """Whether the router counted more than the DPUs said, beyond the slack: bytes no DPU passed."""
+        return self.dpu_bytes + self.slack_bytes < self.router_bytes
+
+
 def _record_body(figures: WindowFigures) -> dict[str, Any]:
-    """A window's figures as a record holds them: a probe's optional figures only where recorded."""
+    """A window's figures as a record holds them: a probe's optional figures, and the balance, only where
+    recorded (a bundle signed before they existed reads back as written)."""
     body = dataclasses.asdict(figures)
     body["probes"] = [{k: v for k, v in p.items() if k not in _PROBE_OPTIONAL or v is not None} for p in body["probes"]]
+    if body["balance"] is None:
+        del body["balance"]
     return body
 
 
@@ -111,6 +129,7 @@ class WindowFigures:
     pipeline_expected: str  # SHA-256 of the pipeline the control plane installs
     pipelines: dict[str, str] = field(default_factory=dict)  # DPU -> digest read back ("" unread)
     probes: tuple[ProbeResult, ...] = ()
+    balance: Balance | None = None  # egress: the running balance, where it spans an interval
 
 
 def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
@@ -124,6 +143,8 @@ def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
     else:
         off = abs(f.router_bytes - f.dpu_bytes)
         checks["conservation"] = "pass" if off <= f.conservation_slack_bytes else "fail"
+    if f.balance is not None:
+        checks["balance"] = "fail" if f.balance.short() else "pass"
     reads = list(f.pipelines.values())
     if any(d and d != f.pipeline_expected for d in reads):
         checks["pipeline"] = "fail"
@@ -156,6 +177,12 @@ def why(f: WindowFigures, checks: dict[str, Check]) -> str:
             said = "unread" if f.dpu_bytes is None else f"{f.dpu_bytes}"
             out.append(
                 f"conservation {result}: router {f.router_bytes} bytes, DPUs {said} (+-{f.conservation_slack_bytes})"
+            )
+        elif name == "balance" and f.balance is not None:
+            b = f.balance
+            out.append(
+                f"balance {result}: since {b.since:.3f} the router counted at least {b.router_bytes} bytes, "
+                f"DPUs {b.dpu_bytes} (+{b.slack_bytes})"
             )
         elif name == "pipeline":
             odd = sorted(n for n, d in f.pipelines.items() if d != f.pipeline_expected)
@@ -282,9 +309,16 @@ class _Bad(Exception):
 def _figures(i: int, raw: Any) -> WindowFigures:
     """Record `i`'s figures, rebuilt exactly (an unknown, missing or mistyped field is a problem)."""
     try:
-        cap = raw["cap"]
+        cap, balance = raw["cap"], raw.get("balance")
         probes = tuple(ProbeResult(**p) for p in raw["probes"])
-        f = WindowFigures(**{**raw, "cap": None if cap is None else CapTerms(**cap), "probes": probes})
+        f = WindowFigures(
+            **{
+                **raw,
+                "cap": None if cap is None else CapTerms(**cap),
+                "probes": probes,
+                "balance": None if balance is None else Balance(**balance),
+            }
+        )
         same = _canonical(_record_body(f)) == _canonical(raw)
     except (TypeError, KeyError, ValueError) as exc:
         raise _Bad(f"record {i}: malformed figures: {type(exc).__name__}: {exc}") from None
@@ -320,12 +354,33 @@ def _records(path: Path, key: SSlibKey) -> Iterator[tuple[int, dict[str, Any], b
             yield i, st["predicate"], envelope.payload
 
 
+def _carries_on(where: str, f: WindowFigures, before: tuple[int, WindowFigures] | None) -> None:
+    """A running balance goes on from the pair's window before (same start, neither figure falling), and
+    stops only in a window whose DPUs were not read: one restarted at will could hide what adds up."""
+    b = f.balance
+    j, pb = (before[0], before[1].balance) if before is not None else (-1, None)
+    if b is not None and b.since > f.start:
+        raise _Bad(f"{where}: its balance runs since {b.since:.3f}, after the window's start")
+    if (
+        b is not None
+        and pb is not None
+        and (b.since != pb.since or b.router_bytes < pb.router_bytes or b.dpu_bytes < pb.dpu_bytes)
+    ):
+        raise _Bad(
+            f"{where}: its balance (since {b.since:.3f}: router {b.router_bytes}, DPUs {b.dpu_bytes}) does not "
+            f"carry on from record {j}'s (since {pb.since:.3f}: router {pb.router_bytes}, DPUs {pb.dpu_bytes})"
+        )
+    if b is None and pb is not None and f.dpu_bytes is not None:
+        raise _Bad(f"{where}: the running balance of record {j} stops while the DPUs were read")
+
+
 def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> BundleCheck:
     """Check a bundle offline: every signature by `key`, the chain, that every window of every pair in
     its scope is there from open to close, and that each verdict follows from its figures."""
     records = windows = 0
     verdicts: dict[str, int] = {}
     next_start: dict[tuple[str, str], float] = {}
+    last: dict[tuple[str, str], tuple[int, WindowFigures]] = {}  # each pair's window before
     closed = False
     path = directory / BUNDLE_FILE
     try:
@@ -352,6 +407,8 @@ def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> B
                 if f.start != expected:
                     raise _Bad(f"{where}: a window is missing: the one before ended at {expected:.3f}")
                 next_start[(f.pod, f.direction)] = f.end
+                _carries_on(where, f, last.get((f.pod, f.direction)))
+                last[(f.pod, f.direction)] = (i, f)
                 checks, verdict = judge(f)
                 if pred.get("checks") != checks or pred.get("verdict") != verdict:
                     raise _Bad(

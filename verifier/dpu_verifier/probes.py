@@ -58,6 +58,10 @@ _COUNTED_SEND_ERRORS = {errno.ENOBUFS, errno.EAGAIN}
 _QUOTE = 60
 
 Rejection = Literal["malformed", "bad-mac", "other-pod", "replay", "stale", "implausible"]
+# What only a forger makes (the probe-forged alert). A `stale` datagram is refused but not one of them: a
+# loaded target that held an honest datagram past its burst's deadline cannot be told from a replay of an
+# old burst, neither is counted, so neither helps a cheat, and holding probes back shows as probe-loss.
+FORGERY: frozenset[Rejection] = frozenset({"malformed", "bad-mac", "other-pod", "replay", "implausible"})
 
 
 class ProbeError(ValueError):

@@ -100,6 +100,15 @@ def test_forged_counters_are_caught_by_the_balance_where_no_interval_shows_them(
     assert auditor.alerts[0].t_s <= 3 + within_s, auditor.alerts[0]
 
 
+def test_counters_saying_more_than_the_router_counted_bank_no_credit() -> None:
+    # A DPU that says 10 % more than it passes (under the per-interval allowance) could later hide that
+    # much unseen; the balance bounds the router's count from above too (a reading asked the lag later).
+    auditor = run(60, lambda t: int(1.1 * RATE * t), seed=4)
+    assert [(a.check, a.where) for a in auditor.alerts] == [("conservation", "a egress")]
+    assert "at most" in auditor.alerts[0].detail, auditor.alerts[0].detail
+    assert auditor.alerts[0].t_s <= 11 * LAG_S + 3, auditor.alerts[0]
+
+
 def test_the_balance_is_signed_and_a_shortfall_makes_the_window_violated(tmp_path: Path) -> None:
     # The counters stop at 20 s while the router goes on counting.
     auditor = run(40, lambda t: int(RATE * min(t, 20.0)), seed=2, evidence=tmp_path / "bundle")

@@ -249,7 +249,8 @@ def write_balanced(directory: Path, key: Path, windows: int = 4) -> Path:
     """A closed bundle of pod a's egress whose running balance goes on from the first window."""
     w = EvidenceWriter(directory, load_signer(key), SCOPE[:1], T0)
     for k in range(windows):
-        balance = Balance(T0, 9_000_000 * (k + 1), 9_000_100 * (k + 1), 6072)
+        n = k + 1
+        balance = Balance(T0, 9_000_000 * n, 9_000_100 * n, 6072, T0 + 10.0 * k + 5, 9_100_000 * n, 9_000_000 * n, 9000)
         w.window(figures("a", "egress", T0 + 10.0 * k, balance=balance))
     w.close(T0 + 10.0 * windows)
     return directory / BUNDLE_FILE
@@ -286,6 +287,9 @@ def test_a_running_balance_verifies_and_a_shortfall_is_violated(tmp_path: Path, 
     short = figures("a", "egress", T0, balance=Balance(T0, 9_000_000, 8_000_000, 6072))
     checks, verdict = judge(short)
     assert checks["balance"] == "fail" and verdict == "violated"
+    # DPUs that said more than the router can have counted (credit for hiding later): violated too.
+    said_more = Balance(T0, 9_000_000, 9_000_000, 6072, T0 + 5, 9_000_000, 9_100_000, 9000)
+    assert judge(figures("a", "egress", T0, balance=said_more))[0]["balance"] == "fail"
 
 
 @pytest.mark.parametrize(
@@ -307,8 +311,12 @@ def test_a_running_balance_verifies_and_a_shortfall_is_violated(tmp_path: Path, 
             balance_edit(1, lambda f: f["balance"].update(since=T0 + 5.0)),
             f"{place(1)}: its balance runs since",
         ),
+        (
+            balance_edit(3, lambda f: f["balance"].update(upto=None)),
+            f"{place(3)}: its balance",
+        ),
     ],
-    ids=["restarted-while-read", "stopped-while-read", "router-figure-fell", "since-after-start"],
+    ids=["restarted-while-read", "stopped-while-read", "router-figure-fell", "since-after-start", "bound-dropped"],
 )
 def test_a_balance_restarted_or_cut_to_hide_a_shortfall_fails_naming_the_record(
     tmp_path: Path,

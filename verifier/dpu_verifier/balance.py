@@ -21,7 +21,7 @@ been then, so the balance's router figure is the least the router can have count
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dpu_limiter.units import MAX_FRAME_BYTES
 
@@ -31,44 +31,83 @@ from .readings import Readings
 
 @dataclass
 class RunningBalance:
-    """One pod's egress running balance: since when, the DPUs' total then, and the router's then (at most)."""
+    """One pod's egress running balance: since when, the DPUs' total then, and the router's then (at most
+    and at least); ticks whose router total is not bounded from above yet, and the latest that is."""
 
-    # The router's counter as read in real time, where it is: a reference then waits for the counter's lag.
+    # The router's counter as read in real time, where it is: an upper bound then waits for the counter's lag.
     readings: Readings | None = None
     lag_s: float = 0.0  # how long after a moment the router's counter may first show it
     # Frames the router may count while the DPUs are read (the router's totals bracket the rest).
     slack_bytes: int = 4 * MAX_FRAME_BYTES
     since: float | None = None  # None: no reference (not drawn yet, or dropped)
     said: int = 0
-    router: int | None = None  # None: waiting for a reading asked `lag_s` after `asked`
-    asked: float = 0.0  # when the router's reading right after the DPUs' (at the reference) was asked for
+    low: int = 0  # the router's total at the reference, at least
+    high: int | None = None  # and at most (None: waiting for a reading asked `lag_s` after the reference)
+    # Ticks since, as (time, when the reading right after the DPUs' was asked, what they said then), until
+    # a reading asked the lag later bounds the router's total then from above.
+    pending: list[tuple[float, float, int]] = field(default_factory=list)
+    upto: tuple[float, int, int] | None = None  # the latest such tick: (time, router at most, DPUs) since
+    # What the DPUs may say beyond the router's most, besides what they hold queued: this share of it (a
+    # frame lost on the link now and then). It bounds the credit a DPU could bank by saying too much.
+    over_ratio: float = 0.001
 
     def drop(self) -> None:
         """The pod's DPUs could not be read, or restarted: the balance starts again at its next reading."""
-        self.since = None
+        self.since, self.pending, self.upto = None, [], None
 
-    def draw(self, t_s: float, said: int, before: int, after: int, n_before: int = 0) -> Balance | None:
+    def draw(
+        self, t_s: float, said: int, before: int, after: int, n_before: int = 0, over_slack: int = 0
+    ) -> Balance | None:
         """Draw the balance at tick `t_s`: the DPUs said `said` (their total) while the router's total went
         from `before` to `after`; where readings are, those are their own: the last of the first `n_before`
         (taken before the DPUs were read) and the last (right after them, if there is a new one). None until
-        the balance spans an interval with the router's total at its reference known."""
+        the balance spans an interval with the router's total at its reference known. `over_slack`: what
+        the DPUs may say they passed beyond what the router can have counted (bytes still queued)."""
         r = self.readings
+        fresh = True
         if r is not None:
-            if not 0 < n_before < len(r.totals):
+            fresh = 0 < n_before < len(r.totals)
+            if not fresh:
                 if self.since is None:
                     return None  # no reading after the DPUs': nothing bounds the router's total at them
                 n_before = len(r.totals)
             before, after = r.totals[n_before - 1], r.totals[-1]
+        lagging = r is not None and self.lag_s > 0
+        if fresh:
+            self.pending.append((t_s, r.asked[-1] if r is not None else t_s, said))
         if self.since is None:
-            self.since, self.said, self.router = t_s, said, after
-            if r is not None and self.lag_s > 0:
-                # The router's total then is what a reading asked for the counter's lag later says.
-                self.router, self.asked = None, r.asked[-1]
+            self.since, self.said, self.low = t_s, said, before
+            self.high = None if lagging else after
             return None
-        if self.router is None:
-            assert r is not None
-            i = bisect.bisect_left(r.asked, self.asked + self.lag_s)
-            if i == len(r.totals):
-                return None
-            self.router = r.totals[i]
-        return Balance(self.since, max(0, before - self.router), said - self.said, self.slack_bytes)
+        # Ticks whose router total is now bounded from above: where readings lag, by one asked the lag later.
+        while self.pending:
+            t, asked, then = self.pending[0]
+            if lagging:
+                assert r is not None
+                i = bisect.bisect_left(r.asked, asked + self.lag_s)
+                if i == len(r.totals):
+                    break
+                most = r.totals[i]
+            elif t == t_s:
+                most = after
+            else:
+                self.pending.pop(0)  # a tick with no fresh reading after it: bounded by the next
+                continue
+            self.pending.pop(0)
+            if t == self.since:
+                self.high = most
+            else:
+                self.upto = (t, most - self.low, then - self.said)
+        if self.high is None:
+            return None
+        upto = self.upto
+        return Balance(
+            self.since,
+            max(0, before - self.high),
+            said - self.said,
+            self.slack_bytes,
+            upto=None if upto is None else upto[0],
+            router_most_bytes=None if upto is None else upto[1],
+            dpu_upto_bytes=None if upto is None else upto[2],
+            over_slack_bytes=None if upto is None else over_slack + int(upto[1] * self.over_ratio),
+        )

@@ -282,6 +282,7 @@ class Auditor:
     balances: dict[str, RunningBalance] = field(default_factory=dict)
     _balances_drawn: dict[str, Balance] = field(default_factory=dict)
     _members: dict[str, set[str]] = field(default_factory=dict)
+    _tick_facts: Facts | None = None
     signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
     _public_key: Path | None = None  # the evidence's verification key
 
@@ -290,8 +291,15 @@ class Auditor:
             self._flagged.add((check, where))
             self.alerts.append(Alert(round(t_s, 6), check, where, detail))
 
+    async def _facts(self) -> Facts:
+        """The control plane's facts, read once per tick."""
+        if self._tick_facts is None:
+            self._tick_facts = await self.view.facts()
+        return self._tick_facts
+
     async def tick(self, t_s: float) -> None:
         """Run every enabled check at simulated time `t_s`."""
+        self._tick_facts = None
         if "read-back" in self.checks:
             await self._read_back(t_s)
         if "router-count" in self.checks:
@@ -446,7 +454,9 @@ class Auditor:
             bal = self.balances.setdefault(cap.pod, RunningBalance())
             if bal.since is None:  # how the router is read, as of the reference
                 bal.readings, bal.lag_s = self.readings.get(key), self.count_slack_s
-            drawn = bal.draw(t_s, reported.get(key, 0), before.get(key, 0), after.get(key, 0), read_before.get(key, 0))
+            queued = bal.slack_bytes + (await self._facts()).buffers.get(cap.pod, 0)  # counted, not on the wire yet
+            said = reported.get(key, 0)
+            drawn = bal.draw(t_s, said, before.get(key, 0), after.get(key, 0), read_before.get(key, 0), queued)
             if drawn is None:
                 continue
             self._balances_drawn[cap.pod] = drawn
@@ -457,6 +467,15 @@ class Auditor:
                     f"{cap.pod} egress",
                     f"since {drawn.since:.1f} s the router counted at least {drawn.router_bytes} bytes leaving "
                     f"the pod, its DPUs say they passed {drawn.dpu_bytes} (+{drawn.slack_bytes})",
+                )
+            elif drawn.over() and drawn.upto is not None:
+                self._alert(
+                    t_s,
+                    "conservation",
+                    f"{cap.pod} egress",
+                    f"from {drawn.since:.1f} s to {drawn.upto:.1f} s the router counted at most "
+                    f"{drawn.router_most_bytes} bytes leaving the pod, its DPUs say they passed "
+                    f"{drawn.dpu_upto_bytes} (-{drawn.over_slack_bytes})",
                 )
         for cap in self.caps:
             for direction, _ in cap.directions():
@@ -486,7 +505,7 @@ class Auditor:
     async def _sign(self, t_s: float) -> None:
         """Sign this tick's figures: one record per capped pod and direction, for (last tick, t_s]."""
         assert self.evidence is not None
-        facts = await self.view.facts()
+        facts = await self._facts()
         for cap in self.caps:
             for direction, rate in cap.directions():
                 key = (cap.pod, direction)

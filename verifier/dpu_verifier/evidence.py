@@ -86,16 +86,28 @@ _PROBE_OPTIONAL = ("least_bytes", "rejected", "burst")
 @dataclass(frozen=True)
 class Balance:
     """A pod's egress running balance at a window's end (balance.py): since when it runs, the least the
-    router counted leaving the pod since, what its DPUs say they passed since, and the slack allowed."""
+    router counted leaving the pod since, what its DPUs say they passed since, and the slack allowed; and,
+    at the latest tick `upto` where the router's total is bounded from above (its counters lag), the most
+    it can have counted since, what the DPUs said then, and what they may say beyond it."""
 
     since: float
     router_bytes: int
     dpu_bytes: int
     slack_bytes: int
+    upto: float | None = None
+    router_most_bytes: int | None = None
+    dpu_upto_bytes: int | None = None
+    over_slack_bytes: int | None = None
 
     def short(self) -> bool:
         """Whether the router counted more than the DPUs said, beyond the slack: bytes no DPU passed."""
         return self.dpu_bytes + self.slack_bytes < self.router_bytes
+
+    def over(self) -> bool:
+        """Whether the DPUs said more than the router can have counted, beyond the slack: credit banked."""
+        if self.router_most_bytes is None or self.dpu_upto_bytes is None or self.over_slack_bytes is None:
+            return False
+        return self.dpu_upto_bytes > self.router_most_bytes + self.over_slack_bytes
 
 
 def _record_body(figures: WindowFigures) -> dict[str, Any]:
@@ -144,7 +156,7 @@ def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
         off = abs(f.router_bytes - f.dpu_bytes)
         checks["conservation"] = "pass" if off <= f.conservation_slack_bytes else "fail"
     if f.balance is not None:
-        checks["balance"] = "fail" if f.balance.short() else "pass"
+        checks["balance"] = "fail" if f.balance.short() or f.balance.over() else "pass"
     reads = list(f.pipelines.values())
     if any(d and d != f.pipeline_expected for d in reads):
         checks["pipeline"] = "fail"
@@ -180,10 +192,12 @@ def why(f: WindowFigures, checks: dict[str, Check]) -> str:
             )
         elif name == "balance" and f.balance is not None:
             b = f.balance
-            out.append(
-                f"balance {result}: since {b.since:.3f} the router counted at least {b.router_bytes} bytes, "
-                f"DPUs {b.dpu_bytes} (+{b.slack_bytes})"
-            )
+            said = f"balance {result}: since {b.since:.3f} the router counted at least {b.router_bytes} bytes, "
+            said += f"DPUs {b.dpu_bytes} (+{b.slack_bytes})"
+            if b.upto is not None:
+                said += f"; to {b.upto:.3f} at most {b.router_most_bytes}, DPUs {b.dpu_upto_bytes} "
+                said += f"(-{b.over_slack_bytes})"
+            out.append(said)
         elif name == "pipeline":
             odd = sorted(n for n, d in f.pipelines.items() if d != f.pipeline_expected)
             out.append(f"pipeline {result}: {', '.join(odd) or 'no DPU read'}")
@@ -364,7 +378,14 @@ def _carries_on(where: str, f: WindowFigures, before: tuple[int, WindowFigures] 
     if (
         b is not None
         and pb is not None
-        and (b.since != pb.since or b.router_bytes < pb.router_bytes or b.dpu_bytes < pb.dpu_bytes)
+        and (
+            b.since != pb.since
+            or b.router_bytes < pb.router_bytes
+            or b.dpu_bytes < pb.dpu_bytes
+            or (pb.upto is not None and (b.upto is None or b.upto < pb.upto))
+            or (b.router_most_bytes or 0) < (pb.router_most_bytes or 0)
+            or (b.dpu_upto_bytes or 0) < (pb.dpu_upto_bytes or 0)
+        )
     ):
         raise _Bad(
             f"{where}: its balance (since {b.since:.3f}: router {b.router_bytes}, DPUs {b.dpu_bytes}) does not "

@@ -44,8 +44,9 @@ _MAX_TRACKED_SEQ = 1 << 28
 # Receive sockets wake up this often to check their deadline.
 _POLL_S = 0.1
 # Errors a paced sender expects and counts instead of failing on: a full qdisc (a raw socket's may say
-# EAGAIN), or an ICMP port-unreachable reported on a connected socket before the receiver is up.
-_COUNTED_SEND_ERRORS = {errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED}
+# EAGAIN), an ICMP port-unreachable reported on a connected socket before the receiver is up, or a
+# neighbour that did not answer ARP in time (a flood far over a DPU's rate can crowd out the replies).
+_COUNTED_SEND_ERRORS = {errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED, errno.EHOSTUNREACH}
 
 
 def wire_bytes_udp(payload: int) -> int:

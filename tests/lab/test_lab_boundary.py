@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -140,6 +141,8 @@ def inject(ns: str, iface: str, frames: list[bytes], rate_bps: float, start_at: 
 def test_non_ipv4_frames_over_a_scale_up_link_are_counted_for_both_pods(tmp_path: Path) -> None:
     if reason := can_netns():
         pytest.skip(reason)
+    if shutil.which("tcpdump") is None:
+        pytest.skip("tcpdump is not installed (the independent capture this test compares with)")
     net = LabNetwork(topology("two-pods-nvswitch.yaml"))
     net.build()
     procs: list[subprocess.Popen[bytes]] = []
@@ -347,6 +350,8 @@ def test_non_ipv4_frames_through_the_router_are_the_senders_egress_and_the_recei
 ) -> None:
     if reason := can_netns():
         pytest.skip(reason)
+    if shutil.which("tcpdump") is None:
+        pytest.skip("tcpdump is not installed (the independent capture this test compares with)")
     caps = [
         {"pod": "a", "egress": "8M", "ingress": "8M", "window_s": 1, "burst_bytes": 100_000},
         {"pod": "b", "egress": "100M", "ingress": "100M", "window_s": 1, "burst_bytes": 1_000_000},

@@ -40,6 +40,7 @@ class RunningBalance:
     # Frames the router may count while the DPUs are read (the router's totals bracket the rest).
     slack_bytes: int = 4 * MAX_FRAME_BYTES
     since: float | None = None  # None: no reference (not drawn yet, or dropped)
+    restart_slack: int = 0  # what DPUs that restarted since may have passed and never said (added to the slack)
     said: int = 0
     low: int = 0  # the router's total at the reference, at least
     high: int | None = None  # and at most (None: waiting for a reading asked `lag_s` after the reference)
@@ -52,8 +53,8 @@ class RunningBalance:
     over_ratio: float = 0.001
 
     def drop(self) -> None:
-        """The pod's DPUs could not be read, or restarted: the balance starts again at its next reading."""
-        self.since, self.pending, self.upto = None, [], None
+        """A DPU joined or left the pod: the balance starts again at its next reading."""
+        self.since, self.pending, self.upto, self.restart_slack = None, [], None, 0
 
     def draw(
         self, t_s: float, said: int, before: int, after: int, n_before: int = 0, over_slack: int = 0
@@ -105,7 +106,7 @@ class RunningBalance:
             self.since,
             max(0, before - self.high),
             said - self.said,
-            self.slack_bytes,
+            self.slack_bytes + self.restart_slack,
             upto=None if upto is None else upto[0],
             router_most_bytes=None if upto is None else upto[1],
             dpu_upto_bytes=None if upto is None else upto[2],

@@ -263,7 +263,7 @@ class Auditor:
     _flagged: set[tuple[AlertCheck, str]] = field(default_factory=set)
     _last: dict[str, tuple[int, int]] = field(default_factory=dict)  # each DPU's (or pod's) last (out, in) bytes
     # The last tick's router totals before and after reading the DPUs, and what the DPUs said.
-    _balance: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
+    _balance: dict[tuple[str, str], tuple[int, int, int] | None] = field(default_factory=dict)  # None: no base
     # Reads the router's counters again now (real time; a coroutine function where that is I/O).
     resample: Callable[[], Awaitable[None] | None] | None = None
     # Conservation alerts after this many intervals in a row out of balance the same way: in real time
@@ -282,6 +282,7 @@ class Auditor:
     balances: dict[str, RunningBalance] = field(default_factory=dict)
     _balances_drawn: dict[str, Balance] = field(default_factory=dict)
     _members: dict[str, set[str]] = field(default_factory=dict)
+    _passed: dict[str, tuple[int, int]] = field(default_factory=dict)  # DPU -> (offset, last egress count)
     _tick_facts: Facts | None = None
     signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
     _public_key: Path | None = None  # the evidence's verification key
@@ -416,16 +417,19 @@ class Auditor:
         # starts counting from zero again only costs that pod one interval's check. The DPUs' counters
         # are read at some moment between two readings of the router's (`resample`, in real time), so
         # what they say must lie between what the router counted over the shortest and the longest
-        # interval those allow.
+        # interval those allow. Egress also runs a balance since a reference (_draw_balances).
         before = self._router_totals()
         read_before = {key: len(r.totals) for key, r in self.readings.items()}
         reported: dict[tuple[str, str], int] = {}
         unsure: set[str] = set()
+        unread: set[str] = set()
+        restarts: dict[str, int] = {}
+        passed: dict[str, int] = {}  # pod -> what its DPUs passed out since each was first read (restarts added up)
         members: dict[str, set[str]] = {}
         for name, (pod, read) in (await self.view.counters()).items():
             members.setdefault(pod, set()).add(name)
             if read is None:
-                unsure.add(pod)
+                unread.add(pod)
                 continue
             out, into = read
             last_out, last_in = self._last.get(name, (0, 0))
@@ -434,28 +438,80 @@ class Auditor:
             self._last[name] = (out, into)
             reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
             reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
+            offset, seen = self._passed.get(name, (-out, out))  # counted from when it was first read
+            if out < seen:
+                offset, restarts[pod] = offset + seen, restarts.get(pod, 0) + 1
+            self._passed[name] = (offset, out)
+            passed[pod] = passed.get(pod, 0) + offset + out
         # A DPU that joined or left its pod adds or takes its whole count at once: no balance across that.
-        unsure.update(pod for pod, names in members.items() if self._members.get(pod, names) != names)
-        unsure.update(set(self._members) - set(members))
+        moved = {pod for pod, names in members.items() if self._members.get(pod, names) != names}
+        moved |= set(self._members) - set(members)
         self._members = members
+        unsure |= moved | unread
         if self.resample is not None:
             again = self.resample()
             if again is not None:
                 await again
         after = self._router_totals()
-        self._balances_drawn = {}
-        for pod in unsure:
+        for pod in moved:
             if pod in self.balances:
                 self.balances[pod].drop()
+        ready = {c.pod for c in self.caps} - moved - unread  # an unread DPU: its balance waits for its next read
+        await self._draw_balances(t_s, ready, passed, restarts, before, after, read_before)
+        for cap in self.caps:
+            for direction, _ in cap.directions():
+                key = (cap.pod, direction)
+                now = (before.get(key, 0), after.get(key, 0), reported.get(key, 0))
+                based, last = key in self._balance, self._balance.get(key)
+                # An unread DPU's count is missing from its pod's sum: that sum is no base for the next interval.
+                self._balance[key] = None if cap.pod in unread else now
+                if based and last is None:
+                    unsure.add(cap.pod)
+                last = last or (0, 0, 0)
+                least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
+                slack = self.slack_bytes + int(most * self.slack_ratio)
+                self._drawn[key] = (most, most - least, None if cap.pod in unsure else said, slack)
+                if cap.pod in unsure:
+                    continue
+                off = -1 if said < least - slack else 1 if said > most + slack else 0
+                way, n = self._streak.get(key, (0, 0))
+                self._streak[key] = (off, n + 1 if off == way else 1) if off else (0, 0)
+                if self._streak[key][1] >= self.persist:
+                    counted = f"{least}" if least == most else f"between {least} and {most}"
+                    verb = "passed out of" if direction == "egress" else "metered into"
+                    self._alert(
+                        t_s,
+                        "conservation",
+                        f"{cap.pod} {direction}",
+                        f"since the last check the router counted {counted} bytes, the pod's DPUs say they "
+                        f"{verb} it {said}",
+                    )
+
+    async def _draw_balances(
+        self,
+        t_s: float,
+        ready: set[str],
+        passed: dict[str, int],
+        restarts: dict[str, int],
+        before: dict[tuple[str, str], int],
+        after: dict[tuple[str, str], int],
+        read_before: dict[tuple[str, str], int],
+    ) -> None:
+        """Draw every capped pod's egress running balance whose DPUs were all read (balance.py); alert where
+        one is out. A DPU that restarted carries on from what it had said, with what it may have passed
+        unsaid before it went down allowed once: at most the pod's cap over the interval."""
+        self._balances_drawn = {}
         for cap in self.caps:
             key = (cap.pod, "egress")
-            if cap.pod in unsure:
+            if cap.pod not in ready:
                 continue
             bal = self.balances.setdefault(cap.pod, RunningBalance())
             if bal.since is None:  # how the router is read, as of the reference
                 bal.readings, bal.lag_s = self.readings.get(key), self.count_slack_s
-            queued = bal.slack_bytes + (await self._facts()).buffers.get(cap.pod, 0)  # counted, not on the wire yet
-            said = reported.get(key, 0)
+            elif restarts.get(cap.pod):
+                bal.restart_slack += restarts[cap.pod] * cap.egress_over(max(0.0, t_s - self._since))
+            queued = 4 * MAX_FRAME_BYTES + (await self._facts()).buffers.get(cap.pod, 0)  # counted, not sent yet
+            said = passed.get(cap.pod, 0)
             drawn = bal.draw(t_s, said, before.get(key, 0), after.get(key, 0), read_before.get(key, 0), queued)
             if drawn is None:
                 continue
@@ -477,30 +533,6 @@ class Auditor:
                     f"{drawn.router_most_bytes} bytes leaving the pod, its DPUs say they passed "
                     f"{drawn.dpu_upto_bytes} (-{drawn.over_slack_bytes})",
                 )
-        for cap in self.caps:
-            for direction, _ in cap.directions():
-                key = (cap.pod, direction)
-                now = (before.get(key, 0), after.get(key, 0), reported.get(key, 0))
-                last = self._balance.get(key, (0, 0, 0))
-                self._balance[key] = now
-                least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
-                slack = self.slack_bytes + int(most * self.slack_ratio)
-                self._drawn[key] = (most, most - least, None if cap.pod in unsure else said, slack)
-                if cap.pod in unsure:
-                    continue
-                off = -1 if said < least - slack else 1 if said > most + slack else 0
-                way, n = self._streak.get(key, (0, 0))
-                self._streak[key] = (off, n + 1 if off == way else 1) if off else (0, 0)
-                if self._streak[key][1] >= self.persist:
-                    counted = f"{least}" if least == most else f"between {least} and {most}"
-                    verb = "passed out of" if direction == "egress" else "metered into"
-                    self._alert(
-                        t_s,
-                        "conservation",
-                        f"{cap.pod} {direction}",
-                        f"since the last check the router counted {counted} bytes, the pod's DPUs say they "
-                        f"{verb} it {said}",
-                    )
 
     async def _sign(self, t_s: float) -> None:
         """Sign this tick's figures: one record per capped pod and direction, for (last tick, t_s]."""

@@ -368,31 +368,49 @@ def _records(path: Path, key: SSlibKey) -> Iterator[tuple[int, dict[str, Any], b
             yield i, st["predicate"], envelope.payload
 
 
-def _carries_on(where: str, f: WindowFigures, before: tuple[int, WindowFigures] | None) -> None:
-    """A running balance goes on from the pair's window before (same start, neither figure falling), and
-    stops only in a window whose DPUs were not read: one restarted at will could hide what adds up."""
+def _carries_on(where: str, f: WindowFigures, before: _Carried | None) -> None:
+    """A running balance goes on from the last one of its pair (same start, no figure falling); it may stop,
+    or start again from a new reference, only after a window whose DPUs were not read: one restarted at
+    will could hide what adds up."""
     b = f.balance
-    j, pb = (before[0], before[1].balance) if before is not None else (-1, None)
     if b is not None and b.since > f.start:
         raise _Bad(f"{where}: its balance runs since {b.since:.3f}, after the window's start")
+    if before is None:
+        return
+    j, pb = before.record, before.balance
+    if b is None and before.drawn and f.dpu_bytes is not None:
+        raise _Bad(f"{where}: the running balance of record {j} stops while the DPUs were read")
+    if b is None or pb is None or (b.since != pb.since and before.unread):
+        return
     if (
-        b is not None
-        and pb is not None
-        and (
-            b.since != pb.since
-            or b.router_bytes < pb.router_bytes
-            or b.dpu_bytes < pb.dpu_bytes
-            or (pb.upto is not None and (b.upto is None or b.upto < pb.upto))
-            or (b.router_most_bytes or 0) < (pb.router_most_bytes or 0)
-            or (b.dpu_upto_bytes or 0) < (pb.dpu_upto_bytes or 0)
-        )
+        b.since != pb.since
+        or b.router_bytes < pb.router_bytes
+        or b.dpu_bytes < pb.dpu_bytes
+        or (pb.upto is not None and (b.upto is None or b.upto < pb.upto))
+        or (b.router_most_bytes or 0) < (pb.router_most_bytes or 0)
+        or (b.dpu_upto_bytes or 0) < (pb.dpu_upto_bytes or 0)
     ):
         raise _Bad(
             f"{where}: its balance (since {b.since:.3f}: router {b.router_bytes}, DPUs {b.dpu_bytes}) does not "
             f"carry on from record {j}'s (since {pb.since:.3f}: router {pb.router_bytes}, DPUs {pb.dpu_bytes})"
         )
-    if b is None and pb is not None and f.dpu_bytes is not None:
-        raise _Bad(f"{where}: the running balance of record {j} stops while the DPUs were read")
+
+
+@dataclass
+class _Carried:
+    """A pair's last balance (and its record), whether the window just before had one, and whether a
+    window since it had its DPUs unread (after which a balance may start again)."""
+
+    record: int = -1
+    balance: Balance | None = None
+    drawn: bool = False
+    unread: bool = False
+
+    def after(self, i: int, f: WindowFigures) -> _Carried:
+        """What carries on past window record `i`."""
+        if f.balance is not None:
+            return _Carried(i, f.balance, True, False)
+        return _Carried(self.record, self.balance, False, self.unread or f.dpu_bytes is None)
 
 
 def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> BundleCheck:
@@ -401,7 +419,7 @@ def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> B
     records = windows = 0
     verdicts: dict[str, int] = {}
     next_start: dict[tuple[str, str], float] = {}
-    last: dict[tuple[str, str], tuple[int, WindowFigures]] = {}  # each pair's window before
+    last: dict[tuple[str, str], _Carried] = {}  # each pair's balance so far
     closed = False
     path = directory / BUNDLE_FILE
     try:
@@ -428,8 +446,9 @@ def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> B
                 if f.start != expected:
                     raise _Bad(f"{where}: a window is missing: the one before ended at {expected:.3f}")
                 next_start[(f.pod, f.direction)] = f.end
-                _carries_on(where, f, last.get((f.pod, f.direction)))
-                last[(f.pod, f.direction)] = (i, f)
+                carried = last.get((f.pod, f.direction))
+                _carries_on(where, f, carried)
+                last[(f.pod, f.direction)] = (carried or _Carried()).after(i, f)
                 checks, verdict = judge(f)
                 if pred.get("checks") != checks or pred.get("verdict") != verdict:
                     raise _Bad(

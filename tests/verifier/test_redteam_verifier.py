@@ -250,15 +250,10 @@ def test_hole_forged_restart_every_other_tick_at_the_service_defaults() -> None:
     assert not unseen(auditor)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: router-count allows rate x (window + counter_lag_s) per window, and with the agent's 3 s "
-    "refresh a pair of readings within a window of 1-2 s sees at most one refresh (3 s of traffic): a pod "
-    "on a 1 s cap passes 1.45x it, on a 2 s cap 1.8x (96 MB over the cap in 120 s), honest counters, no "
-    "alert, every window held",
-)
+# Was a hole (red team, 2026-12-03): router-count allowed rate x (window + lag) per window, so a 1-2 s
+# cap passed 1.45-1.8x. Now every span of readings is also judged against the rate (Readings.most_over).
 @pytest.mark.parametrize(("window_s", "over"), [(1.0, 1.45), (2.0, 1.8)], ids=["1s-window", "2s-window"])
-def test_hole_short_cap_windows_let_the_lag_allowance_through(window_s: float, over: float) -> None:
+def test_caught_a_pod_over_a_short_caps_rate(window_s: float, over: float) -> None:
     cap = CapScope("a", 8e6, 8e6, window_s, 0)
     auditor = run(
         120,
@@ -268,7 +263,8 @@ def test_hole_short_cap_windows_let_the_lag_allowance_through(window_s: float, o
         sample_s=1.0,
         refresh_s=3.0,
     )
-    assert set(verdicts(auditor)) == {"held"}
+    assert [a.check for a in auditor.alerts] == ["router-count"] and "rate allows" in auditor.alerts[0].detail
+    assert "violated" in verdicts(auditor)
     assert not unseen(auditor)
 
 

@@ -284,6 +284,7 @@ class Auditor:
     _members: dict[str, set[str]] = field(default_factory=dict)
     _passed: dict[str, tuple[int, int]] = field(default_factory=dict)  # DPU -> (offset, last egress count)
     _tick_facts: Facts | None = None
+    _rate_since: dict[str, tuple[CapTerms | None, int]] = field(default_factory=dict)  # pod -> cap, first reading
     signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
     _public_key: Path | None = None  # the evidence's verification key
 
@@ -408,6 +409,28 @@ class Auditor:
                 if most > allowed:
                     detail = f"the router counted {most} bytes in {within}, allowed {allowed}"
                     self._alert(t_s, "router-count", f"{cap.pod} {direction}", detail)
+                elif readings is not None and (over := self._over_rate(cap, first, upto)) is not None:
+                    excess, span = over
+                    if excess > cap.bucket_bytes + MAX_FRAME_BYTES:
+                        detail = (
+                            f"the router counted {excess} bytes more in {span:.3f} s than the cap's rate allows "
+                            f"over that and the counters' lag, allowed {cap.bucket_bytes + MAX_FRAME_BYTES}"
+                        )
+                        self._alert(t_s, "router-count", f"{cap.pod} {direction}", detail)
+
+    def _over_rate(self, cap: CapScope, first: int, upto: int) -> tuple[int, float] | None:
+        """The most the router counted leaving `cap`'s pod beyond its egress rate over any span of readings
+        (Readings.most_over), for pairs ending in [first, upto); None where not judged (window mode: its
+        budgets are per window of the DPU's clock; no readings). Spans start after the cap last changed."""
+        readings = self.readings.get((cap.pod, "egress"))
+        if cap.mode != "rate" or readings is None or not readings.totals:
+            return None
+        terms = cap.terms(cap.egress_bps)
+        held, since = self._rate_since.get(cap.pod, (None, 0))
+        if held != terms:
+            self._rate_since[cap.pod] = (terms, len(readings.totals) - 1)
+            since = len(readings.totals) - 1
+        return readings.most_over(cap.egress_bps / 8, self.count_slack_s, since, first, upto)
 
     def _router_totals(self) -> dict[tuple[str, str], int]:
         return {key: sum(tl.bins) for key, tl in self.router.items()}
@@ -559,7 +582,11 @@ class Auditor:
                     # that check, for conservation, are its next window's): an alert's window says violated.
                     upto = self._judged.get(key, len(readings.totals))
                     worst = readings.most_within(cap.window_s, self._signed.get(key, 0), upto)[0]
+                    over = self._over_rate(cap, self._signed.get(key, 0), upto)
+                    excess = None if over is None else over[0]
                     self._signed[key] = upto
+                else:
+                    excess = None
                 router, spread, said, slack = self._drawn.pop(key, (counted, 0, None, 0))
                 probed = self._probed.pop(cap.pod, []) if direction == "egress" else []
                 drawn = self._balances_drawn.pop(cap.pod, None) if direction == "egress" else None
@@ -576,6 +603,7 @@ class Auditor:
                         # What the router sees heading into a pod has not crossed its DPUs yet (_router_count).
                         router_worst_bytes=worst if direction == "egress" else None,
                         router_slack_bytes=int(rate * self.count_slack_s / 8),
+                        router_excess_bytes=excess,
                         dpu_bytes=said,
                         conservation_slack_bytes=slack + spread + facts.buffers.get(cap.pod, 0),
                         pipeline_expected=facts.expected_pipeline,

@@ -38,7 +38,7 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from dpu_limiter.units import allowed_window_bytes
+from dpu_limiter.units import MAX_FRAME_BYTES, allowed_window_bytes
 
 BUNDLE_FILE = "evidence.dsse.jsonl"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -115,8 +115,9 @@ def _record_body(figures: WindowFigures) -> dict[str, Any]:
     recorded (a bundle signed before they existed reads back as written)."""
     body = dataclasses.asdict(figures)
     body["probes"] = [{k: v for k, v in p.items() if k not in _PROBE_OPTIONAL or v is not None} for p in body["probes"]]
-    if body["balance"] is None:
-        del body["balance"]
+    for optional in ("balance", "router_excess_bytes"):
+        if body[optional] is None:
+            del body[optional]
     return body
 
 
@@ -142,6 +143,10 @@ class WindowFigures:
     pipelines: dict[str, str] = field(default_factory=dict)  # DPU -> digest read back ("" unread)
     probes: tuple[ProbeResult, ...] = ()
     balance: Balance | None = None  # egress: the running balance, where it spans an interval
+    # Rate mode, egress, where the router is read in real time: the most it counted between two readings
+    # beyond the cap's rate over their span and the counters' lag, however long the span (the cap allows
+    # its bucket and one frame beyond that); None where not judged.
+    router_excess_bytes: int | None = None
 
 
 def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
@@ -149,7 +154,10 @@ def judge(f: WindowFigures) -> tuple[dict[str, Check], Verdict]:
     all pass, unverified otherwise. The one rule for the verifier that signs and for anyone who checks."""
     checks: dict[str, Check] = {}
     if f.cap is not None and f.router_worst_bytes is not None:
-        checks["cap"] = "pass" if f.router_worst_bytes <= f.cap.allowance_bytes() + f.router_slack_bytes else "fail"
+        held = f.router_worst_bytes <= f.cap.allowance_bytes() + f.router_slack_bytes
+        if f.router_excess_bytes is not None and f.cap.mode == "rate":
+            held = held and f.router_excess_bytes <= f.cap.burst_bytes + MAX_FRAME_BYTES
+        checks["cap"] = "pass" if held else "fail"
     if f.dpu_bytes is None:
         checks["conservation"] = "unverified"
     else:
@@ -184,6 +192,11 @@ def why(f: WindowFigures, checks: dict[str, Check]) -> str:
             out.append(
                 f"cap {result}: the router counted {f.router_worst_bytes} bytes in {f.cap.window_s:g} s, "
                 f"allowed {f.cap.allowance_bytes()} (+{f.router_slack_bytes})"
+                + (
+                    f"; {f.router_excess_bytes} beyond its rate over some span, allowed {f.cap.burst_bytes}+1 frame"
+                    if f.router_excess_bytes
+                    else ""
+                )
             )
         elif name == "conservation":
             said = "unread" if f.dpu_bytes is None else f"{f.dpu_bytes}"

@@ -54,6 +54,31 @@ class Readings:
         k = int(got.argmax())
         return int(got[k]), float(answered[later[k]] - asked[earlier[k]])
 
+    def most_over(
+        self, bytes_per_s: float, lag_s: float, since: int = 0, first: int = 0, upto: int | None = None
+    ) -> tuple[int, float]:
+        """The most bytes between two readings beyond `bytes_per_s` over their span (first asked to last
+        answered) plus `lag_s`, whatever the span, with that span: pairs of readings from `since` on whose
+        later one is in [first, upto). A cap's rate bounds every span, so on a long one the lag's allowance
+        is small beside the traffic (a window a few times shorter than the lag is beyond router-count's
+        reach; a long run over the rate is not). (0, 0.0) when no pair fits."""
+        asked = np.asarray(self.asked[since:], dtype=np.float64)
+        answered = np.asarray(self.answered[since:], dtype=np.float64)
+        totals = np.asarray(self.totals[since:], dtype=np.int64)
+        if totals.size < 2:
+            return 0, 0.0
+        # totals[j] - totals[i] - rate * (answered[j] - asked[i] + lag), best i < j: the prefix maximum of
+        # rate * asked[i] - totals[i].
+        head = np.maximum.accumulate(bytes_per_s * asked - totals)
+        later = np.arange(max(first - since, 1), totals.size if upto is None else min(upto - since, totals.size))
+        if later.size == 0:
+            return 0, 0.0
+        over = totals[later] - bytes_per_s * (answered[later] + lag_s) + head[later - 1]
+        k = int(over.argmax())
+        j = int(later[k])
+        i = int(np.argmax(bytes_per_s * asked[:j] - totals[:j]))
+        return max(0, int(over[k])), float(answered[j] - asked[i])
+
     def covering(self, start: float, end: float) -> int:
         """Bytes between the last reading answered by `start` and the first asked from `end` on (the first
         and the latest there are where none is): all that crossed in [start, end], and perhaps more."""

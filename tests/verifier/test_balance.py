@@ -55,7 +55,6 @@ def run(
         checks=["conservation"],
         readings={KEY: readings},
         count_slack_s=lag_s,
-        slack_bytes=int(2 * RATE * lag_s),  # the per-interval allowance: both directions' rates over the lag
         slack_ratio=0.001,
     )
 

@@ -27,6 +27,7 @@ one bin, so bins alone cannot say how long a stretch of traffic a window of them
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections import Counter
@@ -432,6 +433,23 @@ class Auditor:
             since = len(readings.totals) - 1
         return readings.most_over(cap.egress_bps / 8, self.count_slack_s, since, first, upto)
 
+    def _lag_slack(self, cap: CapScope, t_s: float) -> int:
+        """What the router's counters' lag (count_slack_s) may keep out of, or add to, one interval's count
+        of a pod (both directions, either end): its rates over the lag, each its cap's or what the router
+        counted over the last interval and lag where more (what heads into a pod is whatever its senders
+        offer, its DPUs drop the excess: a red team's 10x the cap alarmed when this was the caps' alone)."""
+        if not self.count_slack_s > 0:
+            return 0
+        span = max(t_s - self._since, 0.0) + self.count_slack_s
+        rates = 0.0
+        for direction, capped in cap.directions():
+            seen, r = 0.0, self.readings.get((cap.pod, direction))
+            if r is not None and r.totals:
+                i = min(bisect.bisect_left(r.answered, t_s - span), len(r.totals) - 1)
+                seen = (r.totals[-1] - r.totals[i]) * 8 / span
+            rates += max(capped, seen)
+        return int(rates * self.count_slack_s / 8)
+
     def _router_totals(self) -> dict[tuple[str, str], int]:
         return {key: sum(tl.bins) for key, tl in self.router.items()}
 
@@ -492,7 +510,7 @@ class Auditor:
                     unsure.add(cap.pod)
                 last = last or (0, 0, 0)
                 least, most, said = now[0] - last[1], now[1] - last[0], now[2] - last[2]
-                slack = self.slack_bytes + int(most * self.slack_ratio)
+                slack = self.slack_bytes + int(most * self.slack_ratio) + self._lag_slack(cap, t_s)
                 self._drawn[key] = (most, most - least, None if cap.pod in unsure else said, slack)
                 if cap.pod in unsure:
                     continue

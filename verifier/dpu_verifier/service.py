@@ -373,9 +373,6 @@ class Verifier:
         lag = self.config.counter_lag_s
         self.auditor.count_slack_s = lag
         self.auditor.slack_ratio = 0.001
-        self.auditor.slack_bytes = int(
-            max((c.egress_bps + c.ingress_bps for c in self.auditor.caps), default=0) * lag / 8
-        )
         if self.auditor.evidence is None:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             self.bundle = self.config.evidence / f"{stamp}-{t:.0f}"

@@ -228,14 +228,9 @@ def test_caught_forged_restarts_or_unreadable_ticks(said: Said) -> None:
     assert not unseen(auditor)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: at the service's defaults (interval_s 10, counter_lag_s 5, sample_s 1) a forged restart "
-    "at every other tick keeps the balance from ever being drawn; the per-interval check allows 10 MB an "
-    "interval: a DPU saying nothing of 0.7 MB/s hides 210 MB in 300 s, 15 windows held, 15 unverified "
-    "(alternating), no alert",
-)
-def test_hole_forged_restart_every_other_tick_at_the_service_defaults() -> None:
+# Was a hole (red team, 2026-12-03): a forged restart every other tick kept the balance from ever being
+# drawn (210 MB of 0.7 MB/s hidden in 300 s). Now the balance carries on across restarts.
+def test_caught_a_forged_restart_every_other_tick_at_the_service_defaults() -> None:
     auditor = run(
         300,
         one_dpu(lambda t: 1000 * (round(t / 10) % 2)),
@@ -245,7 +240,7 @@ def test_hole_forged_restart_every_other_tick_at_the_service_defaults() -> None:
         sample_s=1.0,
         interval_s=10,
     )
-    assert verdicts(auditor).count("held") == 15
+    assert "violated" in verdicts(auditor)
     assert not unseen(auditor)
 
 

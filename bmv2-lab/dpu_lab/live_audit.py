@@ -129,7 +129,7 @@ class LiveAudit:
         if "probe" in self.scenario.audit.checks:
             self.auditor.probes = self._start_probes()
         if self.evidence_dir is not None:
-            self.auditor.open_evidence(self.evidence_dir)
+            self.auditor.open_evidence(self.evidence_dir, interval_s=self.scenario.audit.interval_s)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._loop()), name="live-audit", daemon=True)
         self._thread.start()
 

@@ -204,7 +204,7 @@ class VirtualLabRun:
                 checks=sc.audit.checks,
                 probes=probes,
             )
-            self._auditor.open_evidence(self.out_dir / "evidence")
+            self._auditor.open_evidence(self.out_dir / "evidence", interval_s=sc.audit.interval_s)
         self._stops = _stops(end_ns, sc.audit.interval_s if sc.audit else None, sc.topology.routing.period_s)
         self._assignments = [{"t_s": 0.0, "routers": dict(net.router_of)}]
         self._started = (time.process_time(), time.monotonic())

@@ -438,13 +438,19 @@ def test_hole_a_restart_behind_a_window_signed_unread_verifies(tmp_path: Path) -
     assert not ok, problem
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole (signer side): a balance may appear as late as the signer likes, or never: egress windows "
-    "whose DPUs were read and that carry no balance verify (only a balance that was there may not stop), so "
-    "the offline check cannot tell a verifier that withholds it from one signed before it existed",
-)
-def test_hole_a_balance_withheld_in_every_window_verifies(tmp_path: Path) -> None:
+def test_a_balance_withheld_verifies_unless_the_checker_requires_it(tmp_path: Path) -> None:
+    # Was a hole (red team, 2026-12-03): a balance may appear as late as the signer likes, or never. A bundle
+    # now declares within how many windows it draws it and is held to that; one that does not declare is
+    # refused by a checker that requires it (`evidence verify --require-balance`).
     signed, ok, problem = sign(tmp_path, [window(T0 + 10 * k, 10_000_000, None) for k in range(30)])
-    assert set(signed) == {"held"}
-    assert not ok, problem
+    assert set(signed) == {"held"} and ok, problem
+    refused = verify_bundle(tmp_path / "bundle", load_public_key(tmp_path / "verifier.key.pub"), require_balance=True)
+    assert not refused.ok and "does not declare its running balance" in refused.problem
+    key = tmp_path / "v2.key"
+    generate_key(key)
+    writer = EvidenceWriter(tmp_path / "declared", load_signer(key), [("a", "egress")], T0, balance_within=4)
+    for k in range(30):
+        writer.window(window(T0 + 10 * k, 10_000_000, None))
+    writer.close(T0 + 300)
+    withheld = verify_bundle(tmp_path / "declared", load_public_key(tmp_path / "v2.key.pub"))
+    assert not withheld.ok and "no running balance 5 windows after the DPUs were read" in withheld.problem

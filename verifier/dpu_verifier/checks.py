@@ -632,16 +632,21 @@ class Auditor:
                 )
                 self.signed.append((t_s, f"{cap.pod} {direction}", verdict))
 
-    def open_evidence(self, directory: Path, key: Path | None = None) -> None:
+    def open_evidence(self, directory: Path, key: Path | None = None, interval_s: float | None = None) -> None:
         """Sign every tick's figures into a new bundle in `directory` with `key` (its public half beside it,
-        as KEY.pub), or with a key made for the run (a lab run's: `verifier.key` in the bundle)."""
+        as KEY.pub), or with a key made for the run (a lab run's: `verifier.key` in the bundle). With the
+        ticks' `interval_s`, the bundle declares within how many windows each egress balance is drawn once
+        the DPUs are read (its reference, then a reading the counters' lag later), and is held to it."""
         directory.mkdir(parents=True, exist_ok=True)
         if key is None:
             key = directory / "verifier.key"
             generate_key(key)
         self._public_key = key.with_name(key.name + ".pub")
         scope = [(c.pod, d) for c in self.caps for d in DIRECTIONS]
-        self.evidence = EvidenceWriter(directory, load_signer(key), scope, self._since)
+        within = None
+        if interval_s and "conservation" in self.checks:
+            within = math.ceil(self.count_slack_s / interval_s) + 3
+        self.evidence = EvidenceWriter(directory, load_signer(key), scope, self._since, within)
 
     def close_evidence(self) -> dict[str, Any]:
         """Close the bundle and check it as a third party would (report.json's `audit.evidence`): whether it

@@ -39,6 +39,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     verify.add_argument(
         "--allow-open", action="store_true", help="accept a bundle still being written (no close record yet)"
     )
+    verify.add_argument(
+        "--require-balance",
+        action="store_true",
+        help="refuse a bundle that does not declare its running balance (any signed since it existed does): "
+        "a signer could otherwise leave it out",
+    )
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     verify.set_defaults(handler=_verify)
     service = sub.add_parser(
@@ -103,7 +109,7 @@ def _verify(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"dpu-limiter evidence verify: --key {args.key}: {exc}", file=sys.stderr)
         return 2
-    result = verify_bundle(args.bundle, key, allow_open=args.allow_open)
+    result = verify_bundle(args.bundle, key, allow_open=args.allow_open, require_balance=args.require_balance)
     if args.json:
         print(json.dumps(result.__dict__, sort_keys=True))
     elif result.ok:

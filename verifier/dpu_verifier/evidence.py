@@ -275,7 +275,14 @@ def _subject(name: str, terms: Any) -> dict[str, Any]:
 class EvidenceWriter:
     """Appends signed, chained records to a new bundle directory (one writer per bundle)."""
 
-    def __init__(self, directory: Path, signer: CryptoSigner, scope: Sequence[tuple[str, str]], started: float) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        signer: CryptoSigner,
+        scope: Sequence[tuple[str, str]],
+        started: float,
+        balance_within: int | None = None,
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / BUNDLE_FILE
         if self.path.exists():
@@ -284,7 +291,10 @@ class EvidenceWriter:
         self._seq, self._prev = 0, ""
         self._out = self.path.open("x", encoding="ascii")
         scope_list = [{"pod": p, "direction": d} for p, d in sorted(set(scope))]
-        self._append(_subject("bundle", scope_list), {"kind": "open", "started": started, "scope": scope_list})
+        opened: dict[str, Any] = {"kind": "open", "started": started, "scope": scope_list}
+        if balance_within is not None:  # a bundle that declares it is held to drawing its balances
+            opened["balance_within"] = balance_within
+        self._append(_subject("bundle", scope_list), opened)
 
     def window(self, figures: WindowFigures) -> Verdict:
         """Sign one window's figures with the checks and verdict that `judge` gives; returns the verdict."""
@@ -426,13 +436,18 @@ class _Carried:
         return _Carried(self.record, self.balance, False, self.unread or f.dpu_bytes is None)
 
 
-def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> BundleCheck:
+def verify_bundle(
+    directory: Path, key: SSlibKey, allow_open: bool = False, require_balance: bool = False
+) -> BundleCheck:
     """Check a bundle offline: every signature by `key`, the chain, that every window of every pair in
-    its scope is there from open to close, and that each verdict follows from its figures."""
+    its scope is there from open to close, and that each verdict follows from its figures (with
+    `require_balance`, also that it declares its running balance, and so is held to drawing it)."""
     records = windows = 0
     verdicts: dict[str, int] = {}
     next_start: dict[tuple[str, str], float] = {}
     last: dict[tuple[str, str], _Carried] = {}  # each pair's balance so far
+    within: Any = None  # the open record's balance_within, where it declares one
+    waiting: dict[str, int] = {}  # pod -> egress windows since its balance could have been drawn, without one
     closed = False
     path = directory / BUNDLE_FILE
     try:
@@ -450,6 +465,9 @@ def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> B
                 raise _Bad(f"record {i}: a {kind!r} record where {'open' if i == 0 else 'a window or close'} belongs")
             if kind == "open":
                 next_start = {(s["pod"], s["direction"]): float(pred["started"]) for s in pred["scope"]}
+                within = pred.get("balance_within")
+                if require_balance and not isinstance(within, int):
+                    raise _Bad(f"record {i}: the bundle does not declare its running balance (balance_within)")
             elif kind == "window":
                 f = _figures(i, pred.get("figures"))
                 where = f"record {i} ({f.pod} {f.direction}, {f.start:.3f}..{f.end:.3f})"
@@ -462,6 +480,14 @@ def verify_bundle(directory: Path, key: SSlibKey, allow_open: bool = False) -> B
                 carried = last.get((f.pod, f.direction))
                 _carries_on(where, f, carried)
                 last[(f.pod, f.direction)] = (carried or _Carried()).after(i, f)
+                if isinstance(within, int) and f.direction == "egress":
+                    # Windows since the DPUs were last unread (or the bundle opened) with no balance drawn.
+                    n = 0 if f.balance is not None or f.dpu_bytes is None else waiting.get(f.pod, 0) + 1
+                    waiting[f.pod] = n
+                    if n > within:
+                        raise _Bad(
+                            f"{where}: no running balance {n} windows after the DPUs were read (at most {within})"
+                        )
                 checks, verdict = judge(f)
                 if pred.get("checks") != checks or pred.get("verdict") != verdict:
                     raise _Bad(

@@ -376,7 +376,7 @@ class Verifier:
         if self.auditor.evidence is None:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             self.bundle = self.config.evidence / f"{stamp}-{t:.0f}"
-            self.auditor.open_evidence(self.bundle, key=self.config.key)
+            self.auditor.open_evidence(self.bundle, key=self.config.key, interval_s=self.config.interval_s)
         await self.auditor.tick(t)
         for a in self.auditor.alerts[self._seen_alerts :]:
             LOG.error("ALERT t=%.1fs check=%s place=%s %s", a.t_s, a.check, a.where, a.detail)

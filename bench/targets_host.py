@@ -1,6 +1,7 @@
 """Helper process for bench/convergence.py: N embedded targets (one device each) in one process.
 
 python bench/targets_host.py N      # prints one JSON line: the targets' P4Runtime addresses
+python bench/targets_host.py N --origins   # and a second: each target's clock origin (time.monotonic_ns())
 
 Each server also answers an echo service (ECHO_SERVICE: Unary, and Stream with one reply) that
 returns the bytes it is sent: convergence.py times gRPC alone with it.
@@ -17,6 +18,7 @@ import gc
 import json
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -41,19 +43,25 @@ ECHO = grpc.method_handlers_generic_handler(
 )
 
 
-async def main(n: int) -> None:
-    """Serve N devices until SIGTERM."""
+async def main(n: int, origins: bool = False) -> None:
+    """Serve N devices until SIGTERM (with `origins`, say where each one's clock starts: a caller on this host
+    then reads their clocks from its own monotonic clock, as replica_failover.py checks leases)."""
     servers = []
     addresses = []
+    starts = []
     for _ in range(n):
         server = grpc.aio.server()
-        add_to_server(server, Device(1, cpu_port=CPU_PORT))
+        device = Device(1, cpu_port=CPU_PORT)
+        starts.append(time.monotonic_ns() - device.clock.now_us() * 1000)
+        add_to_server(server, device)
         server.add_generic_rpc_handlers((ECHO,))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         servers.append(server)
         addresses.append(f"127.0.0.1:{port}")
     print(json.dumps(addresses), flush=True)
+    if origins:
+        print(json.dumps(starts), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -63,4 +71,4 @@ async def main(n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    asyncio.run(main(int(sys.argv[1]), "--origins" in sys.argv[2:]))

@@ -58,6 +58,14 @@ class LimiterApi(pb_grpc.LimiterServicer):
         # The audit log's actor: a name with line breaks or other controls is written escaped.
         return f"{role}:{name if name.isprintable() else shown(name)}"
 
+    async def _fresh(self) -> None:
+        """Before a read of the desired state: take what other replicas wrote (LimiterService.refresh), so that
+        every replica answers the latest stored state. Without the database, the state last seen is answered."""
+        try:
+            await self.service.refresh()
+        except Exception as exc:
+            LOG.warning("reading the stored state again failed (answering the state last read): %s", exc)
+
     async def _call(
         self,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
@@ -96,6 +104,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
     async def ListPods(self, request: pb.ListPodsRequest, context: grpc.aio.ServicerContext) -> pb.ListPodsResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every pod."""
         await self._actor(context, write=False)
+        await self._fresh()
         pods = sorted(self.service.state.pods.values(), key=lambda p: p.name)
         return pb.ListPodsResponse(pods=[pod_to_pb(p) for p in pods])
 
@@ -114,12 +123,14 @@ class LimiterApi(pb_grpc.LimiterServicer):
     ) -> pb.ListRoutersResponse:
         """Every router."""
         await self._actor(context, write=False)
+        await self._fresh()
         routers = sorted(self.service.state.routers.values(), key=lambda r: r.name)
         return pb.ListRoutersResponse(routers=[router_to_pb(r) for r in routers])
 
     async def ListDpus(self, request: pb.ListDpusRequest, context: grpc.aio.ServicerContext) -> pb.ListDpusResponse:  # type: ignore[type-arg]  # noqa: N802
         """Every DPU."""
         await self._actor(context, write=False)
+        await self._fresh()
         dpus = sorted(self.service.state.dpus.values(), key=lambda d: d.name)
         return pb.ListDpusResponse(dpus=[dpu_to_pb(d) for d in dpus])
 
@@ -230,6 +241,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
         """A pod's cap."""
 
         async def run(actor: str) -> pb.PodCap:
+            await self._fresh()
             return pb.PodCap(pod=request.pod, cap=cap_to_pb(self.service.get_cap(request.pod)))
 
         return await self._call(context, run, write=False)

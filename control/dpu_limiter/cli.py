@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .manifest import Manifest
 
 from . import display
-from .units import DEFAULT_LEASE_S, MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, RESYNC_S
+from .units import DEFAULT_LEASE_S, MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, REPLICA_LEASE_S, RESYNC_S
 
 DEFAULT_SERVER = "127.0.0.1:50100"
 # Commands of other packages (the lab's `lab`): each entry point of this group names a function that
@@ -117,6 +117,25 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         type=Path,
         help="mutual TLS toward the DPUs: DIR/ca.pem verifies them, "
         "DIR/verifier.pem and .key identify the control plane",
+    )
+    serve.add_argument(
+        "--replica-id",
+        default="",
+        help="with a postgresql:// --db, this replica's name among those serving the database "
+        "(default: host-pid-random)",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="ADDR",
+        default="",
+        help="with a postgresql:// --db, the API address other replicas name this one by (default: --listen's)",
+    )
+    serve.add_argument(
+        "--replica-lease-s",
+        type=float,
+        default=REPLICA_LEASE_S,
+        help="with a postgresql:// --db, this replica's lease in the database: the others take its DPUs this long "
+        f"after it stops renewing (default {REPLICA_LEASE_S:g} s)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -270,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         resync_s=args.resync_s,
                         pipeline_check_s=args.pipeline_check_s,
                         concurrency=Concurrency(args.max_installs, args.max_reconciles),
+                        replica_id=args.replica_id,
+                        advertise=args.advertise,
+                        replica_lease_s=args.replica_lease_s,
                     ),
                     args.metrics_listen,
                     tls,

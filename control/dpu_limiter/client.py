@@ -210,11 +210,18 @@ class LimiterClient:
         return [router_from_pb(r) for r in (await self.stub.ListRouters(pb.ListRoutersRequest())).routers]
 
     async def wait_converged(self, timeout: float = 30.0) -> Status:
-        """Poll until every DPU applied the current generation; raise TimeoutError naming the laggards."""
+        """Poll until every DPU applied the current generation; raise TimeoutError naming the laggards.
+
+        With replicas (a PostgreSQL database), every DPU this replica holds: the others' rows say "elsewhere"
+        (wait on each replica for the whole fleet)."""
         deadline = time.monotonic() + timeout
         while True:
             st = await self.status()
-            lagging = [d for d in st.dpus if not d.converged or d.generation_applied < st.generation]
+            lagging = [
+                d
+                for d in st.dpus
+                if d.lease_state != "elsewhere" and (not d.converged or d.generation_applied < st.generation)
+            ]
             if not lagging:
                 return st
             if time.monotonic() > deadline:

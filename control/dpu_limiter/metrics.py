@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .service import LimiterService
+from .service import ELSEWHERE, LimiterService
 from .usage import DirectionUsage
 
 LOG = logging.getLogger(__name__)
@@ -49,7 +49,9 @@ class UsageCollector(Collector):
     def take(self, sample: list[DirectionUsage]) -> None:
         """Snapshot the usage sample and every DPU's status (on the event loop)."""
         self.dpus = [
-            (r.name, r.connected, r.converged, r.lease_state in ("held", "renewing")) for r in self.service.status()
+            (r.name, r.connected, r.converged, r.lease_state in ("held", "renewing"))
+            for r in self.service.status()
+            if r.lease_state != ELSEWHERE  # another replica holds it: its own metrics show it
         ]
         self.generation = self.service.state.generation
         self.sample = sample

@@ -150,6 +150,25 @@ def planned_delete(
     return changes, st
 
 
+def state_changes(old: DesiredState, new: DesiredState) -> list[Change]:
+    """What turned `old` into `new` (another replica's writes, read back from the store), as the writes'
+    own changes: pods, routers, DPUs and caps made or changed, then those deleted (caps first)."""
+    made: list[Change] = []
+    deleted: list[Change] = []
+    _diff("pod", old.pods, new.pods, made, deleted)
+    _diff("router", old.routers, new.routers, made, deleted)
+    _diff("dpu", old.dpus, new.dpus, made, deleted)
+    _diff("cap", old.caps, new.caps, made, deleted)
+    return made + deleted[::-1]  # caps, DPUs and routers go before the pods they name
+
+
+def _diff(kind: Kind, before: dict[str, Obj], after: dict[str, Obj], made: list[Change], deleted: list[Change]) -> None:
+    for name, obj in after.items():
+        if (was := before.get(name)) != obj:
+            made.append(Change("create" if was is None else "update", kind, name, was, obj))
+    deleted.extend(Change("delete", kind, n, obj) for n, obj in before.items() if n not in after)
+
+
 def pod_members(st: DesiredState) -> dict[str, list[str]]:
     """Each pod's DPUs' names, in the state's order."""
     out: dict[str, list[str]] = {}

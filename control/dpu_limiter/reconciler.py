@@ -277,6 +277,13 @@ class DpuAgent:
     async def _ready(self, sw: fy.Switch) -> None:
         self.status.connected = True
         self.status.primary = sw.is_primary
+        if not sw.is_primary:
+            # A backup: a controller with a higher election id (a replica that took this DPU over) is primary,
+            # and the DPU refuses our writes. Nothing is tried; finsy calls this again if we become primary.
+            self.status.converged = False
+            self.status.last_error = f"backup: the DPU's primary has election id {sw.primary_id}"
+            LOG.warning("%s: %s", self.dpu.name, self.status.last_error)
+            return
         self._held = None  # a new connection: the DPU may have restarted, read it afresh
         self.status.lease_generation = None  # and so may have lost its lease: vouch for none until read back
         self._placed, self._last_echo_us = None, -1  # and its clock may have started again

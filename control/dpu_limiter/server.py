@@ -11,6 +11,7 @@ import grpc
 
 from . import api
 from .metrics import MetricsEndpoint
+from .replicas import Replicas, default_id
 from .service import LimiterService
 from .settings import Settings
 from .store import StateMismatch
@@ -62,6 +63,23 @@ class ControlPlane:
             self.store.close()
             raise OSError(f"cannot listen on {listen} (in use, or not an address of this host)")
         self.address = f"{listen.rpartition(':')[0]}:{self.port}"
+        # On a database that several control planes share (PostgreSQL), this one is a replica: it holds the
+        # pods the live replicas' hashing gives it (replicas.py). On SQLite it holds every DPU, alone.
+        self.replicas: Replicas | None = None
+        if self.store.SHARED:
+            s = self.service.settings
+            try:
+                self.replicas = Replicas(
+                    self.service,
+                    lambda: open_store(db_path),
+                    s.replica_id or default_id(),
+                    s.advertise or self.address,
+                    s.replica_lease_s,
+                    s.replica_poll_s,
+                )
+            except ValueError:
+                self.store.close()
+                raise
         self.metrics_listen = metrics_listen
         self.metrics_interval_s = metrics_interval_s
         self.metrics: MetricsEndpoint | None = None
@@ -69,7 +87,14 @@ class ControlPlane:
     async def start(self) -> None:
         """Start serving and reconciling."""
         await self.server.start()
-        await self.service.start()
+        if self.replicas is not None:
+            try:
+                await self.replicas.start()  # starts the service on the DPUs this replica holds
+            except BaseException:
+                await self.stop()
+                raise
+        else:
+            await self.service.start()
         if self.metrics_listen:
             try:
                 self.metrics = MetricsEndpoint(self.service, self.metrics_listen, self.metrics_interval_s)
@@ -87,6 +112,8 @@ class ControlPlane:
         if self.metrics is not None:
             await self.metrics.stop()
         await self.server.stop(grace=0.5)
+        if self.replicas is not None:
+            await self.replicas.stop()  # stops writing to DPUs first, then gives its lease up
         await self.service.stop()
         self.store.close()
 
@@ -103,7 +130,8 @@ async def serve(
     await cp.start()
     LOG.info("control plane listening on %s, state in %s", cp.address, cp.store.path)
     metrics = f", metrics on http://{metrics_listen}/metrics" if metrics_listen else ""
-    print(f"dpu-limiter control plane listening on {cp.address} (state: {cp.store.path}){metrics}", flush=True)
+    replica = f", replica {cp.replicas.id} of {len(cp.replicas.live)} live" if cp.replicas is not None else ""
+    print(f"dpu-limiter control plane listening on {cp.address} (state: {cp.store.path}{replica}){metrics}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,6 +5,8 @@ agents, the shares granted, the lease generations, what waits for what) and ever
 it (writes, share moves, lease renewals, rebalancing); split, those parts would each reach into all of
 it. What does not touch that state lives apart: what a write would change and whether it holds
 (planning.py), usage rows (usage.py), batched store calls (batched.py), the store itself (store.py).
+With replicas (replicas.py: membership, hashing, fencing timers), what stays here is what moves that live
+state: taking pods over and letting them go (hold_only, fence) and following other replicas' writes (catch_up).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,10 +40,10 @@ from .models import (
     Role,
     Router,
 )
-from .planning import dpu_layers, overlapping, planned_apply, planned_delete, pod_members
+from .planning import dpu_layers, overlapping, planned_apply, planned_delete, pod_members, state_changes
 from .reconciler import DpuAgent, Slots, program_digest
 from .settings import Settings
-from .store import Store
+from .store import StateStale, Store
 from .usage import DirectionUsage, usage_row
 
 LOG = logging.getLogger(__name__)
@@ -59,6 +61,10 @@ QUIET_TURNS = 3  # turns of the event loop with nothing to do before the control
 START_BATCH = 64
 # Agents made or started between two freezes of the heap (see heap.freeze).
 FREEZE_EVERY = 1024
+STALE_TRIES = 5  # plans of one write against a state another replica changed meanwhile, before giving up
+
+
+StatusSnapshot = tuple[list[tuple[str, "DpuAgent | None"]], set[str], bool]
 
 
 class LimiterService:
@@ -90,6 +96,11 @@ class LimiterService:
         self.expected_pipeline_sha256 = program_digest(self.program)  # what every DPU should say it runs
         self.election_id = settings.election_id
         self.state: DesiredState = store.load()
+        # Replicas (replicas.py) set which pods this control plane holds (alone: every pod), and which replica
+        # holds a pod it does not ("" here), for status and usage.
+        self.owns: Callable[[str], bool] = lambda pod: True
+        self.holder: Callable[[str], str] = lambda pod: ""
+        self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
         # Agents made but not started yet: their connections are opened a few at a time, in the background.
@@ -139,25 +150,7 @@ class LimiterService:
         old, larger share (cut off, or deleted while cut off) until the hold that plane stored ends: its
         DPUs start at the shares last granted and grow only then.
         """
-        # The shares an earlier control plane granted (stored before any DPU was told): resumed as they
-        # are, so that the first pass shrinks and grows from what the DPUs may hold, not from nothing.
-        granted = await asyncio.to_thread(self.store.load_grants)
-        self.shares.update((n, c) for n, c in granted.items() if n in self.state.dpus)
-        wall, mono = self.clock.time(), self.clock.monotonic()
-        for pod, until in (await asyncio.to_thread(self.store.growth_holds, wall)).items():
-            self._hold_growth(pod, mono + (until - wall))
-            LOG.warning(
-                "pod %s: shares were moving when the last control plane stopped: grows in %.1f s", pod, until - wall
-            )
-        for name, until in (await asyncio.to_thread(self.store.lease_holds, wall)).items():
-            self._lease_holds[name] = mono + (until - wall)
-            LOG.warning("%s: a window change's hold is running: no lease for %.1f s", name, until - wall)
-        for k, dpu in enumerate(list(self.state.dpus.values()), 1):
-            self._start_agent(dpu)
-            if k % BATCH == 0:
-                await asyncio.sleep(0)
-        self._reshare_soon(list(self.state.pods))
-        self._start_agents()
+        await self._adopt([p for p in self.state.pods if self.owns(p)])
         if self.rebalance_loop:
             self._rebalancer = asyncio.create_task(self._rebalance_loop(self.rebalance_interval_s))
         if self.lease_loop:
@@ -181,6 +174,82 @@ class LimiterService:
         self._sorted = None
         if gc.get_freeze_count():
             gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
+
+    async def _adopt(self, pods: list[str]) -> None:
+        """Start agents for the DPUs of `pods` (at start, or taken over from another replica), resuming what
+        the store says of them: the control plane that held them before may have stopped mid-move."""
+        names = {n for p in pods for n in self._indexed()[1].get(p, ())}
+        # The shares an earlier control plane granted (stored before any DPU was told): resumed as they
+        # are, so that the first pass shrinks and grows from what the DPUs may hold, not from nothing.
+        granted = await asyncio.to_thread(self.store.load_grants)
+        self.shares.update((n, c) for n, c in granted.items() if n in names)
+        wall, mono = self.clock.time(), self.clock.monotonic()
+        for pod, until in (await asyncio.to_thread(self.store.growth_holds, wall)).items():
+            if pod in pods or pod not in self.state.pods:  # a deleted pod's hold binds pods over its prefixes
+                self._hold_growth(pod, mono + (until - wall))
+                LOG.warning(
+                    "pod %s: shares were moving when its last holder stopped: grows in %.1f s", pod, until - wall
+                )
+        for name, until in (await asyncio.to_thread(self.store.lease_holds, wall)).items():
+            if name in names:
+                self._lease_holds[name] = mono + (until - wall)
+                LOG.warning("%s: a window change's hold is running: no lease for %.1f s", name, until - wall)
+        for k, name in enumerate(sorted(names), 1):
+            if self.owns(self.state.dpus[name].pod):  # not fenced meanwhile (replicas.py)
+                self._start_agent(self.state.dpus[name])
+            if k % BATCH == 0:
+                await asyncio.sleep(0)
+        # Not a pod let go meanwhile (fenced): its pass would store grants its new holder works from.
+        self._reshare_soon([p for p in pods if self.owns(p)])
+        self._start_agents()
+
+    async def hold_only(
+        self, owns: Callable[[str], bool], holder: Callable[[str], str], election_id: Callable[[], Awaitable[int]]
+    ) -> tuple[int, int]:
+        """Hold the pods `owns` says (replicas.py); returns how many DPUs were taken over and let go.
+
+        A DPU let go is not floored: the replica that takes it renews its lease. One taken gets an agent
+        bidding a fresh `election_id()` (larger than any the database gave before), so that the DPU makes it
+        primary over any earlier holder that still writes, and refuses that one's writes.
+        """
+        fences = self._fences
+        async with self._lock:
+            if self._fences != fences:  # fenced while waiting for the lock: the lease this was for may end
+                return 0, 0
+            self.owns, self.holder = owns, holder
+            self._sorted = None
+            gone = [a for a in self.agents.values() if not owns(a.dpu.pod)]
+            await self._let_go(gone)
+            pods = sorted({d.pod for d in self.state.dpus.values() if owns(d.pod) and d.name not in self.agents})
+            if pods:
+                self.election_id = await election_id()
+                await self._adopt(pods)
+            return sum(len(self._indexed()[1].get(p, ())) for p in pods), len(gone)
+
+    async def fence(self) -> None:
+        """Stop writing to every DPU now (replicas.py: this replica's lease may end). Without the lock: a
+        write may hang on the database meanwhile, and DPUs are left alone whatever it does then."""
+        self.owns = lambda pod: False
+        self.holder = lambda pod: "unknown: this replica lost the database"
+        self._fences += 1
+        await self._let_go(list(self.agents.values()))
+
+    async def _let_go(self, agents: list[DpuAgent]) -> None:
+        """Stop agents without flooring their DPUs, and forget their pods' passes (another replica holds them)."""
+        for pod in {a.dpu.pod for a in agents}:
+            self._reshare_due.pop(pod, None)
+            if (task := self._resharing.pop(pod, None)) is not None:
+                task.cancel()
+            self._share_locks.pop(pod, None)
+            self._targets.pop(pod, None)
+            self._changes.pop(pod, None)
+        for a in agents:
+            name = a.dpu.name
+            self.agents.pop(name, None)
+            for kept in (self.shares, self._samples, self._unconfirmed, self._granted_at, self._aging):
+                kept.pop(name, None)  # type: ignore[attr-defined]
+        self._sorted = None
+        await asyncio.gather(*(a.stop() for a in agents))
 
     def _start_agent(self, dpu: Dpu) -> None:
         """Make `dpu`'s agent now; its connection is opened soon after, in the background (a few at a time)."""
@@ -545,7 +614,7 @@ class LimiterService:
             with self._parked():
                 await self.clock.sleep(interval_s)
             for pod, cap in list(self.state.caps.items()):
-                if cap.rebalance:
+                if cap.rebalance and self.owns(pod):
                     try:
                         await self.rebalance_pod(pod, self.clock.monotonic())
                     except Exception as exc:  # one pod's trouble must not stop the others
@@ -562,6 +631,8 @@ class LimiterService:
             return False
         layers = self._layers(pod)
         members = [n for layer in layers for n in layer]
+        if not all(n in self.agents for n in members):
+            return False  # held by another replica (or mid-move): that one rebalances it
         reads = await asyncio.gather(*(_read_usage(self.agents[n]) for n in members))
         demand_e: dict[str, float] = {}
         demand_i: dict[str, float] = {}
@@ -637,13 +708,11 @@ class LimiterService:
         in the fleet's size) and the store's transaction run in a worker thread: a fleet's file
         leaves the event loop free to answer reads and renew leases meanwhile.
         """
-        async with self._lock:
-            changes, st = await asyncio.to_thread(
-                planned_apply, self.state, pods, dpus, caps, routers, create_only, self.rebalance_interval_s
-            )
-            if not dry_run:
-                await self._commit(changes, actor, st)
-        return changes
+
+        def plan() -> tuple[list[Change], DesiredState]:
+            return planned_apply(self.state, pods, dpus, caps, routers, create_only, self.rebalance_interval_s)
+
+        return await self._write(plan, actor, dry_run)
 
     async def delete(
         self,
@@ -661,11 +730,68 @@ class LimiterService:
         floor. A pod goes with its cap, and only when none of its DPUs stays. Unknown names are an
         error unless `missing_ok` (then they are left out of the changes).
         """
+
+        def plan() -> tuple[list[Change], DesiredState]:
+            return planned_delete(self.state, pods, dpus, caps, routers, missing_ok)
+
+        return await self._write(plan, actor, dry_run)
+
+    async def _write(
+        self, plan: Callable[[], tuple[list[Change], DesiredState]], actor: str, dry_run: bool
+    ) -> list[Change]:
+        """Plan a write against the current state (in a worker thread) and commit it. With replicas, the state
+        is the latest stored one: read again first if the change log moved, and planned anew if another
+        replica wrote between the plan and the commit (StateStale), so every replica checks alike."""
         async with self._lock:
-            changes, st = await asyncio.to_thread(planned_delete, self.state, pods, dpus, caps, routers, missing_ok)
-            if not dry_run:
-                await self._commit(changes, actor, st)
-        return changes
+            for attempt in itertools.count(1):
+                if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.store.head:
+                    await self._catch_up()
+                changes, st = await asyncio.to_thread(plan)
+                if dry_run:
+                    return changes
+                try:
+                    await self._commit(changes, actor, st)
+                    return changes
+                except StateStale:
+                    if attempt >= STALE_TRIES:
+                        raise
+        raise AssertionError("unreachable")
+
+    async def refresh(self) -> None:
+        """With replicas: take what the others wrote if the change log moved (a read then answers the latest)."""
+        if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.store.head:
+            await self.catch_up()
+
+    async def catch_up(self) -> bool:
+        """Take what other replicas wrote (replicas.py, when the change log's head moved); whether it had."""
+        async with self._lock:
+            return await self._catch_up()
+
+    async def _catch_up(self) -> bool:
+        """Read the state again and do for the DPUs this replica holds what its writer would have (under
+        self._lock): floor those leaving, start new ones, reshare the pods touched."""
+        head = self.store.head
+        new = await asyncio.to_thread(self.store.load)
+        if self.store.head == head:
+            return False
+        changes = state_changes(self.state, new)
+        leaving, held = self._leaving(changes)
+        # The writer stored these holds for the DPUs it held; for ours it could not: stored now.
+        await self._holds(self._leaving_holds(leaving, held))
+        self.state = new
+        self._sorted = None
+        await self._followed(changes, leaving, held)
+        return True
+
+    def _leaving(self, changes: list[Change]) -> tuple[list[DpuAgent], dict[str, Cap | None]]:
+        """The agents of DPUs that the changes delete or change (they get new agents), and their shares."""
+        leaving = [self.agents[c.name] for c in changes if c.kind == "dpu" and c.name in self.agents]
+        return leaving, {a.dpu.name: self.shares.get(a.dpu.name) for a in leaving}
+
+    def _leaving_holds(self, leaving: list[DpuAgent], held: dict[str, Cap | None]) -> list[tuple[str, float]]:
+        """Until when (wall clock) each leaving DPU's pod may not grow, if it could not be floored."""
+        now = self.clock.time()
+        return [(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]]
 
     async def _commit(self, changes: list[Change], actor: str, st: DesiredState) -> None:
         """Store the changes (which make `st` of the current state), then set every agent and share they
@@ -679,19 +805,20 @@ class LimiterService:
         # shares it held are free before anyone grows into them; one that cannot be floored may pass
         # its old share until its lease lapses, so its old pod's DPUs grow only after that. What it
         # passed within its last window stays in the pod's window, unseen by the others.
-        leaving = [self.agents[c.name] for c in dpus if c.name in self.agents]
-        held = {a.dpu.name: self.shares.get(a.dpu.name) for a in leaving}
+        leaving, held = self._leaving(changes)
         # Stored before the change is: a control plane started after a crash waits as long as this one.
-        now = self.clock.time()
         await asyncio.gather(
-            self._holds(
-                [(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]]
-            ),
+            self._holds(self._leaving_holds(leaving, held)),
             self._saved_grants([(c.name, None) for c in dpus]),  # a DPU made again starts from nothing
         )
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
-        st.generation = await asyncio.to_thread(self.store.commit, changes, actor)
+        st.generation = await asyncio.to_thread(self.store.commit, changes, actor, self.store.SHARED)
         self.state = st
+        await self._followed(changes, leaving, held)
+
+    async def _followed(self, changes: list[Change], leaving: list[DpuAgent], held: dict[str, Cap | None]) -> None:
+        """What a stored write asks of the DPUs this replica holds (the write's own, or another replica's)."""
+        dpus = [c for c in changes if c.kind == "dpu"]
         floored = await self._floor(leaving)
         for a, done in zip(leaving, floored, strict=True):
             self._hold_growth(
@@ -699,7 +826,9 @@ class LimiterService:
             )
             if not done:
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
-        await asyncio.gather(*(self.agents.pop(a.dpu.name).stop() for a in leaving))
+        for a in leaving:
+            self.agents.pop(a.dpu.name, None)  # (gone already if this replica was fenced meanwhile)
+        await asyncio.gather(*(a.stop() for a in leaving))
         self._sorted = None
         if leaving and gc.get_freeze_count():
             gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
@@ -715,7 +844,7 @@ class LimiterService:
                 self._granted_at.pop(c.name, None)
                 self._aging.pop(c.name, None)
                 pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
-                if isinstance(c.after, Dpu):
+                if isinstance(c.after, Dpu) and self.owns(c.after.pod):
                     self._start_agent(c.after)
                 if k % BATCH == 0:
                     await asyncio.sleep(0)
@@ -742,7 +871,7 @@ class LimiterService:
                 self._targets.pop(c.name, None)
                 self._changes.pop(c.name, None)
         # Once per pod: a cap reaches DPUs only as their shares of it.
-        self._reshare_soon([pod for pod in pods if pod in self.state.pods])
+        self._reshare_soon([pod for pod in pods if pod in self.state.pods and self.owns(pod)])
         for pod in pods:
             if pod in self.state.pods:
                 continue
@@ -776,23 +905,25 @@ class LimiterService:
             raise NotFound("pod", pod, "the pod has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
-    def status_snapshot(self, after: str = "", limit: int = 0) -> tuple[list[tuple[str, DpuAgent]], set[str], bool]:
-        """The agents (by name: those after `after`, at most `limit` of them if not 0), the pods mid-reshare,
-        and whether agents follow the page, as they are now (so that `status` can make their rows a slice
-        at a time, while the loop changes the agents in between)."""
+    def status_snapshot(self, after: str = "", limit: int = 0) -> StatusSnapshot:
+        """The agents (by name: those after `after`, at most `limit` of them if not 0; None for a DPU another
+        replica holds), the pods mid-reshare, and whether agents follow the page, as they are now (so that
+        `status` can make their rows a slice at a time, while the loop changes the agents in between)."""
         busy = set(self._reshare_due) | {p for p, t in self._resharing.items() if not t.done()}
         names = self._names()
         start = bisect.bisect_right(names, after) if after else 0
         end = start + limit if limit else len(names)
-        return [(n, self.agents[n]) for n in names[start:end]], busy, end < len(names)
+        return [(n, self.agents.get(n)) for n in names[start:end]], busy, end < len(names)
 
     def _names(self) -> list[str]:
-        """The agents' names in order, sorted once per set of agents (20,000: ~10 ms of the loop per call)."""
+        """The agents' names and those of DPUs other replicas hold, in order, sorted once per set of agents
+        (20,000: ~10 ms of the loop per call)."""
         if self._sorted is None:
-            self._sorted = sorted(self.agents)
+            others = [d.name for d in self.state.dpus.values() if d.name not in self.agents and not self.owns(d.pod)]
+            self._sorted = sorted([*self.agents, *others])
         return self._sorted
 
-    def status(self, snapshot: tuple[list[tuple[str, DpuAgent]], set[str], bool] | None = None) -> list[DpuState]:
+    def status(self, snapshot: StatusSnapshot | None = None) -> list[DpuState]:
         """Every DPU's state, by name: its agent's last status (a DPU whose pod is mid-reshare is not
         converged yet) and its lease as last confirmed.
 
@@ -806,6 +937,12 @@ class LimiterService:
         now = self.clock.monotonic()
         out = []
         for name, a in agents:  # in order of name (status_snapshot)
+            if a is None:  # another replica holds it: its GetStatus says how it is
+                holder = self.holder(d.pod) if (d := self.state.dpus.get(name)) is not None else ""
+                out.append(
+                    DpuState(name, False, False, False, f"held by replica {holder}", 0, 0, "", ELSEWHERE, 0, 0, 0, "")
+                )
+                continue
             st = a.status
             error, converged, applied = st.last_error, st.converged, st.generation_applied
             if not st.connected and not error:
@@ -859,20 +996,25 @@ class LimiterService:
         for name in pods:
             agents = sorted((a for a in self.agents.values() if a.dpu.pod == name), key=lambda a: a.dpu.name)
             reads = await asyncio.gather(*(_read_usage(a) for a in agents), return_exceptions=True)
-            # A DPU that cannot be read is said to be so, not counted as idle.
-            pairs = list(zip(agents, reads, strict=True))
-            unread = {a.dpu.name: f"{type(r).__name__}: {r}" for a, r in pairs if isinstance(r, BaseException)}
+            # A DPU that cannot be read is said to be so, not counted as idle; so is one another replica
+            # holds (only its primary reads it: ask that replica).
+            pairs: list[tuple[DpuAgent | Dpu, object]] = list(zip(agents, reads, strict=True))
+            if not self.owns(name):
+                elsewhere = ConnectionError(f"held by replica {self.holder(name)}")
+                pairs = [(self.state.dpus[n], elsewhere) for n in sorted(self._indexed()[1].get(name, ()))]
+            unread = {_dpu(a).name: f"{type(r).__name__}: {r}" for a, r in pairs if isinstance(r, BaseException)}
             for dpu_name, why in unread.items():
-                LOG.warning("usage read of %s failed: %s", dpu_name, why)
-            held = [(a.dpu.name, r) for a, r in pairs if not isinstance(r, BaseException)]
+                if self.owns(name):
+                    LOG.warning("usage read of %s failed: %s", dpu_name, why)
+            held = [r for _, r in pairs if isinstance(r, dict)]
             for direction in dp.CELLS:
-                total = usage_row(name, "", direction, [r for _, r in held])
+                total = usage_row(name, "", direction, held)
                 out.append(dataclasses.replace(total, dpus_unread=len(unread)))
             if per_dpu:
                 for a, r in pairs:
                     for direction in dp.CELLS:
-                        row = usage_row(name, a.dpu.name, direction, [] if isinstance(r, BaseException) else [r])
-                        out.append(dataclasses.replace(row, error=unread.get(a.dpu.name, "")))
+                        row = usage_row(name, _dpu(a).name, direction, [r] if isinstance(r, dict) else [])
+                        out.append(dataclasses.replace(row, error=unread.get(_dpu(a).name, "")))
         return out
 
     def lease(self, name: str) -> LeaseView:
@@ -901,6 +1043,9 @@ def _lease(
     return ("lapsed" if age >= lifetime else "held" if gen == current else "renewing"), gen, age, lifetime
 
 
+ELSEWHERE = "elsewhere"  # the lease state GetStatus shows for a DPU that another replica holds
+
+
 class DpuState(NamedTuple):
     """A DPU as GetStatus shows it (LimiterService.status)."""
 
@@ -912,7 +1057,7 @@ class DpuState(NamedTuple):
     generation_applied: int
     drift_corrections: int
     last_drift: str
-    lease_state: str  # held | renewing | lapsed | none (_lease)
+    lease_state: str  # held | renewing | lapsed | none (_lease) | elsewhere (another replica holds it)
     lease_generation: int
     lease_age_s: float
     lease_lifetime_s: float
@@ -934,6 +1079,11 @@ async def _read_usage(agent: DpuAgent) -> dict[str, dict[str, tuple[int, int]]]:
     if not agent.status.connected:
         raise ConnectionError(f"no connection to {agent.dpu.p4runtime_address}")
     return await agent.read_usage()
+
+
+def _dpu(a: DpuAgent | Dpu) -> Dpu:
+    """The DPU of an agent, or the DPU itself (one another replica holds)."""
+    return a if isinstance(a, Dpu) else a.dpu
 
 
 def _window_s(share: Cap | None) -> float:

@@ -54,6 +54,14 @@ LEGACY_COLUMNS = {
     ],
 }
 
+# Schema version 2: the replicas serving one database (replicas.py), each with a lease on the database's own
+# clock (seconds since the epoch there: the replicas' clocks need not agree). Not desired state and not audited,
+# as grants are not: who serves changes nothing a DPU enforces.
+REPLICAS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS replicas (
+    id TEXT PRIMARY KEY, address TEXT NOT NULL, lease_until REAL NOT NULL, joined REAL NOT NULL);
+"""
+
 Migration = Callable[[Db], None]
 
 
@@ -109,6 +117,9 @@ class Store:
 
     MIGRATIONS: tuple[Migration, ...] = ()  # step i takes the schema from version i to i + 1
     GREATEST = "MAX"  # the larger of two values in an expression (PostgreSQL's is GREATEST)
+    # The database's clock in seconds since the epoch, as an expression: replicas' leases are judged on it.
+    NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+    SHARED = False  # whether several serving control planes (replicas) may share the database
 
     path: str
     head: tuple[int, str]
@@ -121,9 +132,8 @@ class Store:
         # a database opened only to be read or repaired).
         self._bound: object = _UNBOUND
         with self._lock, self._snapshot() as cur:
-            row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-        # The change log's head (last record's sequence number and hash), as this store last wrote or read it.
-        self.head = (row[0], row[1]) if row else (0, audit.GENESIS)
+            # The change log's head (last record's sequence number and hash), as this store last wrote or read it.
+            self.head = _head(cur)
 
     # What a subclass gives: its connection's transactions (entered with self._lock held), a version
     # token, and closing.
@@ -187,8 +197,11 @@ class Store:
         with self._lock, self._transaction() as cur:
             yield cur
 
-    def commit(self, changes: list[Change], actor: str = "local") -> int:
-        """Store every change and its audit record in one transaction (all or none); returns the new generation."""
+    def commit(self, changes: list[Change], actor: str = "local", expect_head: bool = False) -> int:
+        """Store every change and its audit record in one transaction (all or none); returns the new generation.
+
+        With `expect_head`, only if nobody appended to the change log since this store last read or wrote it
+        (else StaleState, nothing written): the changes were planned against that state."""
         todo = [c for c in changes if c.verb != "unchanged"]
         if not todo:  # nothing to record: a new generation without a record would not replay
             with self._lock, self._snapshot() as cur:
@@ -199,8 +212,9 @@ class Store:
             gen = self._bump(cur)
             # The head as committed, read after the transaction's write lock is taken: another writer of
             # the database (another replica) may have appended since this store last wrote.
-            row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-            head = (row[0], row[1]) if row else (0, audit.GENESIS)
+            head = _head(cur)
+            if expect_head and head != self.head:
+                raise StateStale(f"{self.path}: the change log moved from record {self.head[0]} to {head[0]}")
             # In the changes' order, a run of the same statement at a time (a fleet's write is 40,000 rows:
             # one call per row costs more than the rows do), then the change log's records, chained in order.
             records = []
@@ -268,10 +282,60 @@ class Store:
         return self.commit([Change("update", "cap", pod, after=cap)], actor)
 
     def load(self) -> DesiredState:
-        """Read the whole desired state."""
+        """Read the whole desired state (and, in the same snapshot, the change log's head: `head`)."""
         with self._lock, self._snapshot() as cur:
             self._still_bound(cur)
-            return self._read(cur)
+            state = self._read(cur)
+            self.head = _head(cur)
+            return state
+
+    # Replicas (replicas.py): each serving control plane's lease, on the database's clock, and the election
+    # ids they bid at DPUs. Statements of their own (no write lock): a fleet's long write must not hold a
+    # renewal back.
+
+    def renew_replica(self, replica: str, address: str, lease_s: float) -> list[tuple[str, str]]:
+        """Extend `replica`'s lease to `lease_s` from now on the database's clock (joining if it has no row);
+        returns every replica whose lease is running, itself included, as (id, address)."""
+        with self._lock, self._statement() as cur:
+            cur.execute(
+                "INSERT INTO replicas(id, address, lease_until, joined) "
+                f"VALUES (?, ?, {self.NOW} + ?, {self.NOW}) "
+                "ON CONFLICT(id) DO UPDATE SET address = excluded.address, lease_until = excluded.lease_until",
+                (replica, address, lease_s),
+            )
+            rows = cur.execute(f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} ORDER BY id")
+            return [(r[0], r[1]) for r in rows.fetchall()]
+
+    def live_replicas(self) -> list[tuple[str, str]]:
+        """Every replica whose lease is running on the database's clock, as (id, address)."""
+        with self._lock, self._statement() as cur:
+            rows = cur.execute(f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} ORDER BY id")
+            return [(r[0], r[1]) for r in rows.fetchall()]
+
+    def leave_replica(self, replica: str) -> None:
+        """Give `replica`'s lease up (a replica that stops): the others take its DPUs at once."""
+        with self._lock, self._statement() as cur:
+            cur.execute("DELETE FROM replicas WHERE id = ?", (replica,))
+            # Rows of replicas long gone (killed: nobody deleted them) are forgotten too.
+            cur.execute(f"DELETE FROM replicas WHERE lease_until < {self.NOW} - 3600")
+
+    def next_election_id(self) -> int:
+        """A number larger than any this database gave before (P4Runtime election ids: the newest primary
+        of a DPU outbids every earlier one, whichever replica that was)."""
+        with self._writing() as cur:
+            row = cur.execute("SELECT value FROM meta WHERE key = 'election'").fetchone()
+            value = int(row[0]) + 1 if row else 1
+            cur.execute(
+                "INSERT INTO meta(key, value) VALUES ('election', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (str(value),),
+            )
+            return value
+
+    def log_head(self) -> tuple[int, str]:
+        """The change log's head as committed now (another replica may have appended since `head`)."""
+        with self._lock, self._statement() as cur:
+            return _head(cur)
 
     # Grants and growth holds: each DPU's share as granted, and, while a pod's shares move, until when
     # (wall clock) a DPU of it may still pass an old, larger share (or its bytes count in the window).
@@ -363,6 +427,18 @@ class Store:
 
 class StateInUse(OSError):
     """Another control plane holds the state file."""
+
+
+class StateStale(sqlite3.OperationalError):
+    """Another replica wrote the database since this one last read it: a write planned against what this one
+    held is not stored (the service reads the state again and plans anew; after too many tries the API
+    answers UNAVAILABLE, as for a busy database)."""
+
+
+def _head(cur: Db) -> tuple[int, str]:
+    """The change log's last record's sequence number and hash, read in `cur`'s transaction."""
+    row = cur.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    return (int(row[0]), str(row[1])) if row else (0, audit.GENESIS)
 
 
 # json.dumps(..., sort_keys=True) with one encoder for every record (a fleet's write stores thousands).

@@ -5,9 +5,9 @@ Semantics as on SQLite: each Apply/Delete is one transaction with its change-log
 acknowledged after COMMIT returns with synchronous_commit on (the WAL flushed to disk), so an
 acknowledged write survives a crash of the server. Writers are serialised by a transaction-level
 advisory lock taken first in every write transaction: the next writer reads the log's head only once
-the previous one committed, so the chain stays linear however many control planes write. A serving
-control plane also holds a session-level advisory lock (one control plane per database until the
-replicas of later steps share it: today each writes from its own copy of the state).
+the previous one committed, so the chain stays linear however many control planes write. Any number of
+control planes serve one database as replicas (replicas.py): each writes only what it planned against the
+log's head it last read (Store.commit's expect_head), and election ids come from one sequence.
 
 The driver is psycopg's synchronous API: the store's interface is synchronous and the service runs
 every call in a thread (asyncio.to_thread), as it does for SQLite.
@@ -28,12 +28,10 @@ except ImportError:  # pragma: no cover: the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
 from .replay import Db
-from .store import SCHEMA, StateInUse, Store, shown_db, statements
+from .store import REPLICAS_SCHEMA, SCHEMA, Store, shown_db, statements
 
-# Advisory lock keys (any two 64-bit numbers no other user of the database takes): the one every write
-# transaction takes, and the one a serving control plane holds for its session.
+# The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
 WRITE_LOCK = 0x64_70_75_6C_77  # "dpulw"
-SERVE_LOCK = 0x64_70_75_6C_73  # "dpuls"
 
 
 # store.SCHEMA's tables (version 1) in PostgreSQL's types, made from it so that the two cannot drift apart:
@@ -51,6 +49,14 @@ def _pg_v1(db: Db) -> None:
     """Version 1: the same tables and meaning as SQLite's version 1, in PostgreSQL's types."""
     for sql in statements(SCHEMA_PG):
         db.execute(sql)
+
+
+def _pg_v2(db: Db) -> None:
+    """Version 2: the replicas table (as SQLite's), and the sequence replicas take election ids from (a
+    sequence, not a row under the write lock: a replica taking over DPUs must not wait for a fleet's write)."""
+    for sql in statements(REPLICAS_SCHEMA.replace(" REAL ", " DOUBLE PRECISION ")):
+        db.execute(sql)
+    db.execute("CREATE SEQUENCE IF NOT EXISTS election_ids")
 
 
 @functools.lru_cache(maxsize=256)
@@ -130,18 +136,16 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 class PgStore(Store):
     """The desired state in a PostgreSQL database (store.Store's methods, over psycopg 3)."""
 
-    MIGRATIONS = (_pg_v1,)
+    MIGRATIONS = (_pg_v1, _pg_v2)
     GREATEST = "GREATEST"
+    NOW = "extract(epoch from clock_timestamp())::double precision"
+    SHARED = True
 
     def __init__(self, url: Path | str, exclusive: bool = False) -> None:
+        # `exclusive` is SQLite's: any number of control planes serve one PostgreSQL database, as replicas.
         self.path = shown_db(str(url))
-        self._conn = _connect(str(url))
-        if exclusive:
-            with _as_store_errors():
-                held = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (SERVE_LOCK,)).fetchone()
-            if not (held and held[0]):
-                self._conn.close()
-                raise StateInUse(f"{self.path}: in use by another control plane (advisory lock {SERVE_LOCK} held)")
+        self.url = str(url)
+        self._conn = _connect(self.url)
         try:
             with _as_store_errors():
                 self._open()
@@ -149,9 +153,17 @@ class PgStore(Store):
             self._conn.close()
             raise
 
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The session, connected again if it broke (the database restarted, or the network failed): that
+        call failed with UNAVAILABLE, the next one goes through once the database answers again."""
+        if self._conn.closed or self._conn.broken:
+            self._conn.close()
+            self._conn = _connect(self.url)
+        return self._conn
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Db]:
-        with _as_store_errors(), self._conn.transaction():
+        with _as_store_errors(), self._connection().transaction():
             cur = PgCursor(self._conn)
             # Taken first and held to COMMIT: the head, the generation and the migration step this
             # transaction reads are the last committed ones, and no other writer's come in between.
@@ -160,7 +172,7 @@ class PgStore(Store):
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[Db]:
-        with _as_store_errors(), self._conn.transaction():
+        with _as_store_errors(), self._connection().transaction():
             cur = PgCursor(self._conn)
             # REPEATABLE READ: every statement sees the snapshot of the first (READ COMMITTED would
             # let a commit between the log's read and the tables' make them disagree).
@@ -170,10 +182,17 @@ class PgStore(Store):
     @contextlib.contextmanager
     def _statement(self) -> Iterator[Db]:
         with _as_store_errors():
-            yield PgCursor(self._conn)
+            yield PgCursor(self._connection())
+
+    def next_election_id(self) -> int:
+        """The sequence's next value (monotonic across replicas, never rolled back)."""
+        with self._lock, _as_store_errors():
+            row = self._connection().execute("SELECT nextval('election_ids')").fetchone()
+        assert row is not None
+        return int(row[0])
 
     def _close(self) -> None:
-        self._conn.close()  # the session's advisory lock goes with it
+        self._conn.close()
 
 
 @contextlib.contextmanager

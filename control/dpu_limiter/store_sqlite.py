@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO
 
 from .replay import Db
-from .store import LEGACY_COLUMNS, SCHEMA, StateInUse, Store, statements
+from .store import LEGACY_COLUMNS, REPLICAS_SCHEMA, SCHEMA, StateInUse, Store, statements
 
 
 def _sqlite_v1(db: Db) -> None:
@@ -34,6 +34,13 @@ def sqlite_path(db: Path | str) -> str:
     return rest.removeprefix("//") if rest.startswith("//") else rest
 
 
+def _sqlite_v2(db: Db) -> None:
+    """Version 2: the replicas table, as PostgreSQL's (one schema; a SQLite file is served by one control plane,
+    which has no use for it)."""
+    for sql in statements(REPLICAS_SCHEMA):
+        db.execute(sql)
+
+
 class SqliteCursor(sqlite3.Cursor):
     """A SQLite cursor answering replay.Db's catalog questions (on a cursor of its own: they must not
     replace the rows this one is going through)."""
@@ -51,7 +58,7 @@ class SqliteCursor(sqlite3.Cursor):
 class SqliteStore(Store):
     """The desired state in a SQLite file (WAL, synchronous=FULL): the embedded default."""
 
-    MIGRATIONS = (_sqlite_v1,)
+    MIGRATIONS = (_sqlite_v1, _sqlite_v2)
 
     def __init__(self, path: Path | str, exclusive: bool = False) -> None:
         self.path = sqlite_path(path)

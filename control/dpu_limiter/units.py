@@ -31,6 +31,11 @@ ARP_RATE_BPS = 8_000.0
 ARP_BURST_BYTES = 600
 # Default lease lifetime: a DPU out of touch with the control plane this long falls to its floor.
 DEFAULT_LEASE_S = 30.0
+# Replicas (replicas.py): a replica's lease in the database, renewed every sixth of it (a dead replica's DPUs
+# move after at most this long, well within a third of a DPU's lease), and how often each reads the live
+# replicas and the change log's head.
+REPLICA_LEASE_S = 6.0
+POLL_S = 0.2
 # How much slower than the control plane's a DPU's clock may run (a crystal's tolerance, with room):
 # a lease's deadline on the DPU's clock is placed this much early, so that it never ends later than
 # the control plane counts on.

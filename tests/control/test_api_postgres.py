@@ -90,13 +90,18 @@ async def test_an_edit_while_serving_is_not_taken_on_postgres(pg_cluster: Cluste
         await plane.stop()
 
 
-async def test_a_second_control_plane_on_one_database_is_refused(pg_url: str) -> None:
-    plane = ControlPlane(pg_url, "127.0.0.1:0")
+async def test_a_second_control_plane_on_one_database_is_a_replica(pg_url: str) -> None:
+    """Any number of control planes serve one PostgreSQL database (replicas.py; tests/control/test_replicas.py)."""
+    planes = [ControlPlane(pg_url, "127.0.0.1:0"), ControlPlane(pg_url, "127.0.0.1:0")]
     try:
-        with pytest.raises(OSError, match="in use by another control plane"):
-            ControlPlane(pg_url, "127.0.0.1:0")
+        for p in planes:
+            await p.start()
+        async with LimiterClient(planes[0].address) as a, LimiterClient(planes[1].address) as b:
+            await a.apply_pod("a", ["10.0.1.0/24"])
+            assert [p.name for p in await b.list_pods()] == ["a"]
     finally:
-        await plane.stop()
+        for p in planes:
+            await p.stop()
 
 
 def test_an_unreachable_database_is_one_line(pg_cluster: Cluster) -> None:

@@ -8,6 +8,7 @@ import itertools
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -48,13 +49,15 @@ def _fleet(s: Store) -> None:
 
 def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
     s = open_store(db)
-    assert s.schema_version() == 1
+    assert s.schema_version() == 2  # 2: the replicas table (and, on PostgreSQL, the election id sequence)
+    assert s.renew_replica("r1", "127.0.0.1:1", 60.0) == [("r1", "127.0.0.1:1")]
     s.close()
     s = open_store(db)  # opening again migrates nothing
-    assert s.schema_version() == 1
+    assert s.schema_version() == 2
+    assert s.live_replicas() == [("r1", "127.0.0.1:1")]
     s.close()
-    _behind(db, "INSERT INTO schema_version(version, applied) VALUES (2, 'by a newer control plane')")
-    with pytest.raises(sqlite3.DatabaseError, match="schema version 2 is newer than this control plane's"):
+    _behind(db, "INSERT INTO schema_version(version, applied) VALUES (3, 'by a newer control plane')")
+    with pytest.raises(sqlite3.DatabaseError, match="schema version 3 is newer than this control plane's"):
         open_store(db)
 
 
@@ -103,12 +106,33 @@ def test_a_trigger_is_a_difference(db: str) -> None:
     assert not verdict.ok and "trigger 'sneak' on caps" in verdict.problem
 
 
-def test_one_control_plane_per_database(db: str) -> None:
+def test_one_control_plane_per_sqlite_file_any_number_per_postgres_database(db: str) -> None:
     first = open_store(db, exclusive=True)
+    if is_url(db):  # replicas (replicas.py) share a PostgreSQL database
+        open_store(db, exclusive=True).close()
+        first.close()
+        return
     with pytest.raises(StateInUse, match="in use by another control plane"):
         open_store(db, exclusive=True)
     first.close()
     open_store(db, exclusive=True).close()  # given up on close
+
+
+def test_replica_leases_are_on_the_database_s_clock_and_election_ids_only_grow(db: str) -> None:
+    """A lease runs for its length on the database's clock; one given up is gone at once; election ids taken
+    through two connections (two replicas) never repeat and only grow."""
+    stores = [open_store(db), open_store(db)]
+    assert stores[0].renew_replica("r1", "a:1", 60.0) == [("r1", "a:1")]
+    assert stores[1].renew_replica("r2", "a:2", 0.2) == [("r1", "a:1"), ("r2", "a:2")]
+    time.sleep(0.3)
+    assert stores[0].live_replicas() == [("r1", "a:1")]  # r2's lease ended by the database's clock
+    assert stores[1].renew_replica("r2", "a:2", 60.0) == [("r1", "a:1"), ("r2", "a:2")]  # joined again
+    stores[0].leave_replica("r1")
+    assert stores[1].live_replicas() == [("r2", "a:2")]
+    ids = [stores[i % 2].next_election_id() for i in range(10)]
+    assert ids == sorted(set(ids))
+    for s in stores:
+        s.close()
 
 
 def test_two_writers_keep_one_linear_change_log(db: str) -> None:

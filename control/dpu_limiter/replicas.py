@@ -1,0 +1,221 @@
+"""Replicas: any number of `serve` processes on one PostgreSQL database share the fleet (docs/replicas.md).
+
+Each replica holds a lease in the database's `replicas` table, on the database's own clock, and renews it
+every sixth of its length. The live replicas are the rows whose lease runs; every replica reads them and
+works out, by rendezvous (highest-random-weight) hashing, which replica holds each pod: all of a pod's DPUs
+go to one replica, so that a pod's share moves (shrink some DPUs before growing others) stay in one process.
+When the live set changes, a replica lets go of the pods it no longer holds (without flooring them: the
+next holder renews their leases) and takes the ones it now holds, with agents that bid a fresh election id
+from the database's sequence: higher than any earlier holder's, so the DPU makes the newcomer primary and
+refuses a stale holder's writes (fencing). The others keep no stream to a DPU they do not hold (no backup
+stream in this step): a takeover opens one, which costs one connection per DPU at takeover time.
+
+A replica that cannot renew its lease stops writing to every DPU before its lease could have ended by the
+database's clock: measured from the local monotonic time at which its last successful renewal was sent,
+less a margin. So the replica that takes over never races it, even before fencing would refuse it.
+
+Every replica serves the API. Writers serialise on the database's write lock; a replica plans each write
+against the latest stored state (the service reads it again when the change log's head moved, and plans
+anew when another replica wrote in between). Replicas learn the others' writes by polling the change log's
+head every `poll_s` and reconcile the DPUs they hold (LimiterService.catch_up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Sequence
+
+from .service import LimiterService
+from .store import Store
+from .units import POLL_S, REPLICA_LEASE_S
+
+LOG = logging.getLogger(__name__)
+
+MAX_CLOCK_DRIFT = 1e-3  # how much faster our monotonic clock may run than the database's
+FENCE_MARGIN_S = 1.0  # time left, before the lease could end, to stop every agent
+
+
+def owner(key: str, replicas: Sequence[str]) -> str:
+    """The replica that holds `key` (a pod's name): the one with the highest hash of (replica, key).
+
+    Rendezvous hashing: when a replica joins or leaves, only the keys it gains or held move."""
+    return max(replicas, key=lambda r: (hashlib.blake2b(f"{r}\0{key}".encode(), digest_size=8).digest(), r))
+
+
+def default_id() -> str:
+    """A replica id unique to this control plane: host, process id, and a random part (two in one process)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class Replicas:
+    """This control plane as one replica of many: its lease, the live set, who holds which pod, fencing."""
+
+    def __init__(
+        self,
+        service: LimiterService,
+        registry: Callable[[], Store],
+        replica_id: str,
+        address: str,
+        lease_s: float = REPLICA_LEASE_S,
+        poll_s: float = POLL_S,
+    ) -> None:
+        if not lease_s > 3 * FENCE_MARGIN_S:
+            raise ValueError(f"replica lease: must be more than {3 * FENCE_MARGIN_S:g} s, got {lease_s!r}")
+        self.service = service
+        # A connection of its own (made by `registry`): a fleet's long write on the service's must not hold
+        # a renewal back.
+        self._open_registry = registry
+        self._registry: Store | None = None
+        self.id, self.address = replica_id, address
+        self.lease_s, self.poll_s = lease_s, poll_s
+        self.live: dict[str, str] = {}  # id -> API address, as last read
+        self.fenced = True  # holding no DPU: not yet started, or the lease could have ended
+        self._fence_at = 0.0  # loop time by which every agent must have stopped, unless renewed
+        self._renew_at = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()  # the poll read the live set and the head: the follower acts on them
+        self._head: tuple[int, str] = (0, "")  # the change log's head as the poll last read it
+        self._rejoin = False  # renewed after a fence: take pods again
+        self.takeovers = 0  # DPUs taken over since start (for tests and logs)
+
+    def _store(self) -> Store:
+        if self._registry is None:
+            self._registry = self._open_registry()
+        return self._registry
+
+    def _drop_registry(self) -> None:
+        """Forget a connection that failed: the next call opens another."""
+        if self._registry is not None:
+            with contextlib.suppress(Exception):
+                self._registry.close()
+            self._registry = None
+
+    async def start(self) -> None:
+        """Join (the first renewal must succeed), decide what this replica holds, and start the service on it."""
+        await self._renew()
+        self.service.owns, self.service.holder = self._placement()
+        self.service.election_id = await self._election_id()
+        self.fenced = False
+        await self.service.start()
+        self.takeovers += len(self.service.agents)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._poll(), name="replica-poll"),
+            loop.create_task(self._watch(), name="replica-fence"),
+            loop.create_task(self._follow(), name="replica-follow"),
+        ]
+        LOG.info(
+            "replica %s at %s: %d live, holding %d DPUs",
+            self.id,
+            self.address,
+            len(self.live),
+            len(self.service.agents),
+        )
+
+    async def stop(self) -> None:
+        """Stop writing to every DPU, then give the lease up so that the others take them at once."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self.service.fence()
+        self.fenced = True
+        try:
+            await asyncio.to_thread(self._store().leave_replica, self.id)
+        except Exception as exc:  # the others take over when the lease ends instead
+            LOG.warning("replica %s: could not leave: %s", self.id, exc)
+        self._drop_registry()
+
+    async def _renew(self) -> None:
+        """Renew the lease and read the live set; push the fence deadline on."""
+        loop = asyncio.get_running_loop()
+        sent = loop.time()  # the database sets the lease after this: it ends no earlier than sent + lease
+        try:
+            live = await asyncio.to_thread(self._store().renew_replica, self.id, self.address, self.lease_s)
+        except Exception:
+            self._drop_registry()
+            raise
+        self._fence_at = sent + self.lease_s * (1 - MAX_CLOCK_DRIFT) - FENCE_MARGIN_S
+        self._renew_at = sent + self.lease_s / 6
+        self.live = dict(live)
+
+    async def _election_id(self) -> int:
+        return await asyncio.to_thread(self._store().next_election_id) + self.service.settings.election_id
+
+    def _placement(self) -> tuple[Callable[[str], bool], Callable[[str], str]]:
+        """From the live set: whether this replica holds a pod, and which replica (at which address) does."""
+        ids, live = sorted(self.live), dict(self.live)
+
+        def holder(pod: str) -> str:
+            return f"{(r := owner(pod, ids))} at {live.get(r, '?')}" if ids else "none"
+
+        return (lambda pod: owner(pod, ids) == self.id), holder
+
+    async def _poll(self) -> None:
+        """Every poll_s: renew when due (else read the live set) and read the change log's head; the follower
+        acts on them. Nothing here waits for the service: a long write must not hold a renewal back."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                if loop.time() >= self._renew_at or self.fenced:
+                    await self._renew()
+                    self._rejoin = self._rejoin or self.fenced
+                else:
+                    self.live = dict(await asyncio.to_thread(self._store().live_replicas))
+                    if self.id not in self.live:  # by the database's clock our lease ended: stop, and join again
+                        LOG.warning("replica %s: the database says our lease ended", self.id)
+                        await self._fence()
+                        continue
+                self._head = await asyncio.to_thread(self._store().log_head)
+                self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is away: the watchdog fences in time; keep trying
+                LOG.warning("replica %s: %s: %s", self.id, type(exc).__name__, exc)
+
+    async def _follow(self) -> None:
+        """Take other replicas' writes when the change log moved, and move pods when the live set changed
+        (or this replica joins again after a fence)."""
+        held: list[str] = []  # the live set the service last held its pods for
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                if self._head != self.service.store.head:
+                    await self.service.catch_up()
+                if self._rejoin or sorted(self.live) != held:
+                    if self.fenced and not self._rejoin:
+                        continue  # not renewed since: the poll says when
+                    self._rejoin, self.fenced = False, False
+                    live = sorted(self.live)
+                    owns, holder = self._placement()
+                    taken, let_go = await self.service.hold_only(owns, holder, self._election_id)
+                    held = live if not self.fenced else []
+                    self.takeovers += taken
+                    if taken or let_go:
+                        LOG.info("replica %s: %d live; took %d DPUs, let go of %d", self.id, len(live), taken, let_go)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is away, or the state fails its check: try again next poll
+                LOG.warning("replica %s: %s: %s", self.id, type(exc).__name__, exc)
+                held = []  # whatever we hold, decide again once the database answers
+
+    async def _watch(self) -> None:
+        """Stop every agent once the lease could be about to end (no renewal came in time)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.01, self._fence_at - loop.time()))
+            if loop.time() >= self._fence_at and not self.fenced:
+                LOG.warning("replica %s: no lease renewal in time: stopping every DPU's agent", self.id)
+                await self._fence()
+
+    async def _fence(self) -> None:
+        self.fenced = True
+        await self.service.fence()

@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpu_limiter.units import MAX_FRAME_BYTES
-from dpu_verifier.checks import ApiView, Auditor, Probe
+from dpu_verifier.api_view import ApiView
+from dpu_verifier.checks import Auditor, Probe
 from dpu_verifier.probes import (
     Pending,
     ProbeReceiver,

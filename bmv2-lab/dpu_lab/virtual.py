@@ -21,7 +21,8 @@ from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from dpu_softswitch.clock import VirtualClock
 from dpu_softswitch.firmware import Firmware, LocalFirmware
 from dpu_softswitch.server import Device, add_to_server
-from dpu_verifier.checks import ApiView, Auditor, Probe
+from dpu_verifier.api_view import ApiView
+from dpu_verifier.checks import Auditor, Probe
 
 from .audit import PROBE_PORT, read_back_s, scope
 from .config import ConfigError, PhaseSpec, Scenario, probe_allowance_bytes

@@ -124,6 +124,20 @@ async def fleet(c: LimiterClient, pods: list[str], ts: list[Target]) -> dict[str
     return dpus
 
 
+@contextlib.asynccontextmanager
+async def settled_fleet(
+    url: str, ids: list[str], per_replica: int, through: str
+) -> AsyncIterator[tuple[dict[str, ControlPlane], dict[str, Target], list[str]]]:
+    """Replicas `ids` on one database and a fleet of `per_replica` pods each written through replica `through`,
+    once every DPU is held once, primary and converged: (the replicas, the targets by DPU, the pods)."""
+    pods = pods_for(ids, per_replica)
+    async with targets(len(pods)) as ts, replicas(url, ids) as planes:
+        async with LimiterClient(planes[through].address) as c:
+            dpus = await fleet(c, pods, ts)
+        await until(lambda: settled(planes, dpus), 60, "every DPU held once, primary and converged")
+        yield planes, dpus, pods
+
+
 def holders(planes: dict[str, ControlPlane]) -> dict[str, list[str]]:
     """Which replicas have an agent for each DPU."""
     out: dict[str, list[str]] = {}
@@ -188,11 +202,7 @@ class LapseWatch:
 
 async def test_replicas_spread_the_dpus_and_each_has_one_primary(pg_url: str) -> None:
     ids = ["r1", "r2", "r3"]
-    pods = pods_for(ids, 2)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids) as planes:
-        async with LimiterClient(planes["r1"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once, primary and converged")
+    async with settled_fleet(pg_url, ids, 2, "r1") as (planes, dpus, pods):
         held = holders(planes)
         assert {r for (r,) in held.values()} == set(ids)  # each replica holds some
         for name, (r,) in held.items():
@@ -218,11 +228,7 @@ async def test_replicas_spread_the_dpus_and_each_has_one_primary(pg_url: str) ->
 
 async def test_a_write_through_one_replica_reaches_dpus_another_holds(pg_url: str) -> None:
     ids = ["r1", "r2"]
-    pods = pods_for(ids, 1)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids) as planes:
-        async with LimiterClient(planes["r1"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once")
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, pods):
         (theirs,) = [p for p in pods if owner(p, ids) == "r2"]
         target = dpus[f"dpu-{theirs}"]
         async with LimiterClient(planes["r1"].address) as c:
@@ -241,11 +247,7 @@ async def test_a_write_through_one_replica_reaches_dpus_another_holds(pg_url: st
 
 async def test_a_stopped_replica_s_dpus_move_before_any_lease_lapses(pg_url: str) -> None:
     ids = ["r1", "r2", "r3"]
-    pods = pods_for(ids, 2)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids) as planes:
-        async with LimiterClient(planes["r2"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once")
+    async with settled_fleet(pg_url, ids, 2, "r2") as (planes, dpus, _pods):
         theirs = [n for n, (r,) in holders(planes).items() if r == "r3"]
         with LapseWatch(dpus) as watch:
             await asyncio.sleep(1.0)
@@ -297,11 +299,7 @@ async def test_a_stale_primary_is_fenced(pg_url: str) -> None:
     stopped): r1 takes its DPU with a higher election id, r2's agent is told it is a backup, and the DPU refuses
     r2's writes. (With its watchdog, r2 stops writing before that: the next test.)"""
     ids = ["r1", "r2"]
-    pods = pods_for(ids, 1)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids) as planes:
-        async with LimiterClient(planes["r1"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once")
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, _pods):
         (theirs,) = [n for n, (r,) in holders(planes).items() if r == "r2"]
         stale = planes["r2"]
         assert stale.replicas is not None
@@ -326,6 +324,7 @@ async def test_a_stale_primary_is_fenced(pg_url: str) -> None:
         with pytest.raises(P4ClientError) as refused:
             await agent.switch.write([~update])
         assert refused.value.code.name == "PERMISSION_DENIED", refused.value
+        ts = list(dpus.values())
         assert ts[0].device.pipeline is not None and all(
             t.device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)[0] != 10**9
             for t in ts
@@ -337,11 +336,7 @@ async def test_a_replica_cut_off_from_the_database_stops_writing_before_its_leas
     pg_cluster: Cluster, pg_url: str
 ) -> None:
     ids = ["r1", "r2"]
-    pods = pods_for(ids, 1)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids) as planes:
-        async with LimiterClient(planes["r1"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once")
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, _pods):
         (theirs,) = [n for n, (r,) in holders(planes).items() if r == "r2"]
         cut_off = planes["r2"].replicas
         assert cut_off is not None
@@ -508,3 +503,22 @@ async def test_a_joining_replica_takes_its_pods_without_any_lease_lapsing(pg_url
         moved = [n for n, (r,) in holders(planes).items() if r == "r3"]
         assert moved and all(dpus[n].primaries()[0] > before[n][0] for n in moved)  # outbid the old holder
         print(f"{len(moved)} DPUs moved to a joining replica in {took:.2f} s")
+
+
+async def test_a_verifier_given_every_replica_reads_every_dpu(pg_url: str) -> None:
+    # `dpu-limiter verify` against replicas: one replica reads back and counts only the DPUs it holds, so a
+    # verifier given one alone finds the others unread (every window of theirs unverified); given them all
+    # (`replicas:` in its config), it takes each DPU's figures from its holder.
+    from dpu_verifier.api_view import ApiView
+
+    ids = ["r1", "r2"]
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, _pods):
+        held = {name: r for name, (r,) in holders(planes).items()}
+        alone = await ApiView(planes["r1"].address).counters()
+        assert {n for n, (_, read) in alone.items() if read is None} == {n for n, r in held.items() if r == "r2"}
+        both = ApiView(planes["r1"].address, (planes["r2"].address,))
+        counters = await both.counters()
+        assert sorted(counters) == sorted(dpus) and all(read is not None for _, read in counters.values())
+        facts = await both.facts()
+        assert sorted(n for pod in facts.pipelines.values() for n in pod) == sorted(dpus), facts
+        assert await both.read_back() == []

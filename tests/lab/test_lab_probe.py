@@ -10,7 +10,8 @@ import pytest
 
 from dpu_lab.config import ConfigError, load_scenario, probe_allowance_bytes
 from dpu_lab.virtual import VirtualLabRun
-from dpu_verifier.checks import ApiView, Probe
+from dpu_verifier.api_view import ApiView
+from dpu_verifier.checks import Probe
 from helpers.scenarios import probed_scenario as scenario
 
 pytestmark = pytest.mark.timeout(300)

@@ -38,7 +38,6 @@ from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
-from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES, allowed_window_bytes
 
 from .balance import RunningBalance
@@ -169,20 +168,6 @@ class Facts:
     buffers: dict[str, int] = field(default_factory=dict)
 
 
-async def api_facts(address: str) -> Facts:
-    """The Facts, through the control plane's API (GetStatus and ListDpus)."""
-    async with LimiterClient(address) as client:
-        status, dpus = await client.status(), await client.list_dpus()
-    read = {d.name: d.pipeline_sha256 for d in status.dpus}
-    pipelines: dict[str, dict[str, str]] = {}
-    buffers: dict[str, int] = {}
-    for d in dpus:
-        pipelines.setdefault(d.pod, {})[d.name] = read.get(d.name, "")
-        buffers[d.pod] = buffers.get(d.pod, 0) + d.buffer_bytes
-    head = (status.change_log_seq, status.change_log_hash)
-    return Facts(status.expected_pipeline_sha256, pipelines, head, buffers)
-
-
 class DeviceView(Protocol):
     """How the audit reaches the DPUs: through the control plane's agents, or its API."""
 
@@ -195,52 +180,6 @@ class DeviceView(Protocol):
     async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
         """Per DPU (or per pod, as the API sums them): its pod and (bytes passed out, bytes metered in),
         None where they cannot be read now."""
-
-
-@dataclass
-class ApiView:
-    """The DPUs as the control plane's API shows them."""
-
-    address: str
-    _drift: dict[str, int] = field(default_factory=dict)
-
-    async def facts(self) -> Facts:
-        """The control plane's pipeline, the DPUs' as read back, and its change log's head."""
-        return await api_facts(self.address)
-
-    async def read_back(self) -> list[tuple[str, str]]:
-        """New drift corrections of the control plane's periodic read-back, per DPU."""
-        async with LimiterClient(self.address) as client:
-            status = await client.status()
-        found = []
-        for d in status.dpus:
-            if d.drift_corrections > self._drift.get(d.name, 0):
-                found.append((d.name, d.last_drift.partition(": ")[2] or d.last_drift))
-            self._drift[d.name] = d.drift_corrections
-        return found
-
-    async def counters(self) -> dict[str, tuple[str, tuple[int, int] | None]]:
-        """Each DPU's counters (None where the control plane could not read them): per DPU, so that one
-        that restarted is seen going back even while its pod's total still rises."""
-        async with LimiterClient(self.address) as client:
-            usage = await client.usage(per_dpu=True)
-        out: dict[str, tuple[str, tuple[int, int] | None]] = {}
-        for u in usage.usage:
-            if not u.dpu:
-                continue  # a pod's totals: its DPUs' rows follow
-            pod, read = out.get(u.dpu, (u.pod, (0, 0)))
-            if u.error or read is None:
-                out[u.dpu] = (pod, None)
-                continue
-            passed, metered = read
-            # ARP has a meter of its own (arp_bytes: what it passed).
-            if u.direction == "egress":
-                passed += u.green_bytes + u.yellow_bytes + u.arp_bytes
-            else:
-                metered += u.green_bytes + u.yellow_bytes + u.red_bytes + u.window_bytes + u.lease_bytes + u.arp_bytes
-                metered += u.arp_dropped_bytes
-            out[u.dpu] = (pod, (passed, metered))
-        return out
 
 
 @dataclass

@@ -29,7 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.units import MAX_FRAME_BYTES, UnitError, parse_rate
 
-from .checks import CHECKS, ApiView, AuditCheck, Auditor, CapScope, Probe
+from .api_view import ApiView
+from .checks import CHECKS, AuditCheck, Auditor, CapScope, Probe
 from .probes import (
     Pending,
     ProbeError,
@@ -105,6 +106,8 @@ class VerifyConfig:
     # balance allow what the link can carry in that time.
     counter_lag_s: float = 5.0
     probes: ProbesConfig | None = None
+    # A replicated control plane's other replicas (API addresses): each DPU's figures come from its holder.
+    replicas: tuple[str, ...] = ()
 
 
 def _field(doc: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
@@ -119,6 +122,13 @@ def _number(doc: dict[str, Any], name: str, where: str, default: float | None = 
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= least:
         raise ConfigError(f"{where}{name}: expected a finite number > {least:g}, got {str(value)[:80]!r}")
     return float(value)
+
+
+def _replicas(doc: Any) -> tuple[str, ...]:
+    """`replicas`: the control plane's other replicas, a list of host:port."""
+    if not isinstance(doc, list) or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in doc):
+        raise ConfigError(f"replicas: expected a list of host:port, got {str(doc)[:80]!r}")
+    return tuple(doc)
 
 
 def _probes(doc: Any) -> ProbesConfig:
@@ -194,6 +204,7 @@ def load_config(path: Path) -> VerifyConfig:
             metrics=str(doc.get("metrics", "")),
             counter_lag_s=float(doc.get("counter_lag_s", VerifyConfig.counter_lag_s)),
             probes=None if doc.get("probes") is None else _probes(doc["probes"]),
+            replicas=_replicas(doc.get("replicas", [])),
         )
         if ("probe" in checks) != (config.probes is not None):
             raise ConfigError("checks, probes: the probe check needs a probes section, and a probes section the check")
@@ -253,7 +264,11 @@ class Verifier:
         # (an agent that refreshes every 3 s puts 3 s of traffic into one bin: a false alarm, issue 16).
         self.readings: dict[tuple[str, str], Readings] = {}
         self.auditor = Auditor(
-            [], self.series, ApiView(config.control_plane), checks=config.checks, readings=self.readings
+            [],
+            self.series,
+            ApiView(config.control_plane, config.replicas),
+            checks=config.checks,
+            readings=self.readings,
         )
         self.auditor.resample = self.sample
         self._seen_alerts = 0

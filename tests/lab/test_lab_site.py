@@ -55,3 +55,18 @@ def test_the_sites_verifier_catches_a_dpu_that_lifts_its_cap_and_forges_its_coun
     (bundle,) = v["evidence"]
     assert bundle["verified"], bundle["problem"]
     assert bundle["verdicts"].get("violated", 0) >= 1
+
+
+def test_the_sites_verifier_catches_forged_counters_that_hide_less_than_the_lag_per_interval(tmp_path: Path) -> None:
+    # forward-unclassified with forged counters passes only a little over the cap (44 kB over a 10 s window:
+    # within the counters' lag) while its DPU's counters stop: the per-interval check, which allows the lag
+    # every interval, missed it; the running balance pays for the lag once and catches what adds up.
+    event = {"at_s": 3, "action": "compromise", "dpu": "dpu-a", "how": "forward-unclassified", "forge": True}
+    r = site_run(tmp_path, event, 25.0)
+    v = r.verifier
+    assert v is not None and v["detected"] and v["false_alarms"] == 0, v["alerts"]
+    assert "conservation" in v["detected_by"], v["alerts"]
+    assert v["time_to_detection_s"] <= 20, v["alerts"]
+    (bundle,) = v["evidence"]
+    assert bundle["verified"], bundle["problem"]
+    assert bundle["verdicts"].get("violated", 0) >= 1

@@ -222,7 +222,7 @@ class Auditor:
     balances: dict[str, RunningBalance] = field(default_factory=dict)
     _balances_drawn: dict[str, Balance] = field(default_factory=dict)
     _members: dict[str, set[str]] = field(default_factory=dict)
-    _passed: dict[str, tuple[int, int]] = field(default_factory=dict)  # DPU -> (offset, last egress count)
+    _offset: dict[str, int] = field(default_factory=dict)  # DPU -> its counts before restarts, less its first
     _tick_facts: Facts | None = None
     _rate_since: dict[str, tuple[CapTerms | None, int]] = field(default_factory=dict)  # pod -> cap, first reading
     signed: list[tuple[float, str, str]] = field(default_factory=list)  # (window's end, "POD DIRECTION", verdict)
@@ -412,16 +412,17 @@ class Auditor:
                 unread.add(pod)
                 continue
             out, into = read
+            first = name not in self._last
             last_out, last_in = self._last.get(name, (0, 0))
             if out < last_out or into < last_in:
                 unsure.add(pod)  # its counters went back: it restarted
             self._last[name] = (out, into)
             reported[(pod, "egress")] = reported.get((pod, "egress"), 0) + out
             reported[(pod, "ingress")] = reported.get((pod, "ingress"), 0) + into
-            offset, seen = self._passed.get(name, (-out, out))  # counted from when it was first read
-            if out < seen:
-                offset, restarts[pod] = offset + seen, restarts.get(pod, 0) + 1
-            self._passed[name] = (offset, out)
+            offset = -out if first else self._offset[name]  # what it passed counted from when it was first read
+            if out < last_out:
+                offset, restarts[pod] = offset + last_out, restarts.get(pod, 0) + 1
+            self._offset[name] = offset
             passed[pod] = passed.get(pod, 0) + offset + out
         # A DPU that joined or left its pod adds or takes its whole count at once: no balance across that.
         moved = {pod for pod, names in members.items() if self._members.get(pod, names) != names}

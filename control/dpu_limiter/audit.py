@@ -91,22 +91,26 @@ class Verdict:
         return asdict(self)
 
 
-def verify(records: list[AuditRecord], anchor: str | None = None) -> Verdict:
-    """Check sequence, links and hashes; with an anchor, also that the log still holds that head."""
-    prev = GENESIS
-    seen_anchor = anchor is None or anchor == GENESIS
-    for i, r in enumerate(records, start=1):
+def verify(records: list[AuditRecord], anchor: str | None = None, after: tuple[int, str] = (0, GENESIS)) -> Verdict:
+    """Check sequence, links and hashes; with an anchor, also that the log still holds that head. Given `after`
+    (a record's sequence number and hash, checked before), the records are the ones that follow it (an anchor
+    is then looked for among them and `after` only)."""
+    prev = after[1]
+    seen_anchor = anchor is None or anchor in (GENESIS, prev)
+    for i, r in enumerate(records, start=after[0] + 1):
         if r.seq != i:
             problem = f"record {i}: sequence number is {r.seq} (a record is missing)"
-            return Verdict(False, len(records), prev, problem, "chain")
+            return Verdict(False, after[0] + len(records), prev, problem, "chain")
         if r.prev != prev:
-            return Verdict(False, len(records), prev, f"record {r.seq}: does not link to the record before it", "chain")
+            problem = f"record {r.seq}: does not link to the record before it"
+            return Verdict(False, after[0] + len(records), prev, problem, "chain")
         if seal(r.seq, r.ts, r.actor, r.action, r.object, r.payload, r.prev) != r.hash:
             problem = f"record {r.seq}: contents do not match its hash (edited)"
-            return Verdict(False, len(records), prev, problem, "chain")
+            return Verdict(False, after[0] + len(records), prev, problem, "chain")
         prev = r.hash
         seen_anchor = seen_anchor or r.hash == anchor
+    count = after[0] + len(records)
     if not seen_anchor:
         problem = f"anchor {anchor} is not in the log (records were cut off)"
-        return Verdict(False, len(records), prev, problem, "anchor")
-    return Verdict(True, len(records), prev)
+        return Verdict(False, count, prev, problem, "anchor")
+    return Verdict(True, count, prev)

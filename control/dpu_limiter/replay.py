@@ -104,9 +104,14 @@ class Logged:
     generation_seq: int = 0
 
 
-def replay(records: list[AuditRecord]) -> Logged:
-    """The state a (verified) chain of records leaves, from an empty store."""
+def replay(records: list[AuditRecord], start: Logged | None = None) -> Logged:
+    """The state a (verified) chain of records leaves, from an empty store or from what the records before
+    them left (`start`, not changed)."""
     out = Logged()
+    if start is not None:
+        out.rows = {table: dict(rows) for table, rows in start.rows.items()}  # rows are replaced, never edited
+        out.said_by = dict(start.said_by)
+        out.generation, out.generation_seq = start.generation, start.generation_seq
     columns = {table: list(cols.items()) for table, (_, cols) in TABLES.items()}
     for r in records:
         if r.action not in ACTIONS:
@@ -166,11 +171,9 @@ def stored_rows(db: Db) -> tuple[Rows, dict[str, Any]]:
     return rows, meta
 
 
-def differences(db: Db, records: list[AuditRecord]) -> list[str]:
-    """Every way the stored state differs from what the (verified) records say, first one first:
-    schema, then pods, dpus, caps and routers by name, then the generation. Raises LogError for a
-    record no store writes."""
-    logged = replay(records)
+def differences(db: Db, logged: Logged) -> list[str]:
+    """Every way the stored state differs from what the (verified) records say (`logged`: their replay), first
+    one first: schema, then pods, dpus, caps and routers by name, then the generation."""
     out = [
         f"schema: trigger {name!r} on {on} is not the control plane's (it could change rows behind the log)"
         for name, on in db.triggers()
@@ -195,6 +198,7 @@ def differences(db: Db, records: list[AuditRecord]) -> list[str]:
         out += [text for _, _, text in sorted(found)]
     # Only the generation is read from meta; other keys change nothing the control plane does.
     stored_gen = meta.get("generation")
+    records = logged.generation_seq > 0  # every record carries its write's generation
     if records and stored_gen != str(logged.generation):
         stored_text = "nothing" if stored_gen is None else _show_meta(stored_gen)
         out.append(

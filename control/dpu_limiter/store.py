@@ -131,6 +131,7 @@ class Store:
         # The version token (_token) when the tables last matched the log (_UNBOUND: not checked, as for
         # a database opened only to be read or repaired).
         self._bound: object = _UNBOUND
+        self._verified: Verified | None = None  # the log as last checked against the tables (verified_in)
         with self._lock, self._snapshot() as cur:
             # The change log's head (last record's sequence number and hash), as this store last wrote or read it.
             self.head = _head(cur)
@@ -215,9 +216,10 @@ class Store:
             head = _head(cur)
             if expect_head and head != self.head:
                 raise StateStale(f"{self.path}: the change log moved from record {self.head[0]} to {head[0]}")
+            before = head
             # In the changes' order, a run of the same statement at a time (a fleet's write is 40,000 rows:
             # one call per row costs more than the rows do), then the change log's records, chained in order.
-            records = []
+            records, payloads = [], []
             for sql, run in itertools.groupby(map(_change_sql, todo), key=lambda x: x[0]):
                 steps = list(run)
                 cur.executemany(sql, [params for _, params, _ in steps])
@@ -225,8 +227,14 @@ class Store:
                     payload["generation"] = gen  # each change's payload is made for it (_change_sql)
                     head, record = _audit_row(head, actor, action, obj, payload)
                     records.append(record)
+                    payloads.append(payload)
             cur.executemany(AUDIT_INSERT, records)
         self.head = head
+        if self._verified is not None and self._verified.head == before:
+            # The tables matched the log when this transaction began, and it wrote rows and records together:
+            # the next check goes on from here instead of reading this write's records back.
+            written = [audit.AuditRecord(*r[:5], p, *r[6:]) for r, p in zip(records, payloads, strict=True)]
+            self._verified = Verified(replay.replay(written, self._verified.logged), head)
         return gen
 
     @staticmethod
@@ -251,7 +259,7 @@ class Store:
         with self._lock:
             token = self._token()  # read first: a write in between only makes us check again
             with self._snapshot() as cur:
-                verdict = verify_in(cur, anchor)
+                verdict, self._verified = verified_in(cur, anchor)
             if verdict.ok:
                 self._bound = token
             return verdict
@@ -264,7 +272,8 @@ class Store:
         token = self._token()
         if token is not None and token == self._bound:  # nobody else committed (our own commits leave it)
             return
-        verdict = verify_in(cur, None)  # another writer, or only a checkpoint: check, once
+        # Another writer, or only a checkpoint (or a database with no token): check, from the last check on.
+        verdict, self._verified = verified_in(cur, None, self._verified)
         if not verdict.ok:
             raise StateMismatch(self.path, verdict, "refusing to use it")
         self._bound = token
@@ -331,6 +340,14 @@ class Store:
                 (str(value),),
             )
             return value
+
+    def try_planning_lock(self) -> bool:
+        """Take the database's planning lock if it is free (True): a writer holds it from its plan to its commit,
+        so that no other replica commits in between. A SQLite file has one writer: it is always free."""
+        return True
+
+    def release_planning_lock(self) -> None:
+        """Give the planning lock up."""
 
     def log_head(self) -> tuple[int, str]:
         """The change log's head as committed now (another replica may have appended since `head`)."""
@@ -543,26 +560,51 @@ def _object(kind: str, name: str) -> str:
 
 def verify_in(db: Db, anchor: str | None) -> audit.Verdict:
     """The chain of the records in `db`, its anchor if given, and its tables against the chain."""
+    return verified_in(db, anchor)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """A change log as checked: the replay of its records, and its last record's sequence number and hash."""
+
+    logged: replay.Logged
+    head: tuple[int, str]
+
+
+def verified_in(db: Db, anchor: str | None = None, since: Verified | None = None) -> tuple[audit.Verdict, Verified]:
+    """`verify_in`, and the log as checked (for the next check's `since`). Given `since` (a check of this
+    database's log before, without an anchor), only the records after it are read, chained and replayed, as
+    long as its last record is still there unchanged (else the whole log is): a running control plane's
+    check grows with what was written since, not with the log. The tables are compared whole either way."""
+    start = Verified(replay.Logged(), (0, audit.GENESIS))
+    if since is not None and anchor is None:
+        row = db.execute("SELECT hash FROM audit WHERE seq = ?", (since.head[0],)).fetchone()
+        if since.head[0] == 0 or (row is not None and row[0] == since.head[1]):
+            start = since
     try:
-        records = audit_rows(db)
+        records = audit_rows(db, after=start.head[0])
     except ValueError as exc:  # a payload that is not JSON: no store writes one
-        return audit.Verdict(False, 0, audit.GENESIS, str(exc), "chain")
-    verdict = audit.verify(records, anchor)
+        return audit.Verdict(False, 0, audit.GENESIS, str(exc), "chain"), start
+    verdict = audit.verify(records, anchor, after=start.head)
     if not verdict.ok:
-        return verdict
+        return verdict, start
     try:
-        found = replay.differences(db, records)
+        logged = replay.replay(records, start.logged)
     except replay.LogError as exc:
-        return dataclasses.replace(verdict, ok=False, problem=str(exc), check="chain")
+        return dataclasses.replace(verdict, ok=False, problem=str(exc), check="chain"), start
+    found = replay.differences(db, logged)
     if not found:
-        return verdict
+        return verdict, Verified(logged, (verdict.records, verdict.head))
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    return dataclasses.replace(verdict, ok=False, problem=found[0] + more, check="state")
+    return dataclasses.replace(verdict, ok=False, problem=found[0] + more, check="state"), start
 
 
-def audit_rows(db: Db) -> list[audit.AuditRecord]:
-    """The change log's records as stored in `db`, refusing columns and payloads no store writes."""
-    rows = db.execute("SELECT seq, ts, actor, action, object, payload, prev, hash FROM audit ORDER BY seq").fetchall()
+def audit_rows(db: Db, after: int = 0) -> list[audit.AuditRecord]:
+    """The change log's records as stored in `db` (those after sequence number `after`), refusing columns and
+    payloads no store writes."""
+    rows = db.execute(
+        "SELECT seq, ts, actor, action, object, payload, prev, hash FROM audit WHERE seq > ? ORDER BY seq", (after,)
+    ).fetchall()
     out = []
     types: tuple[type | tuple[type, ...], ...] = (int, (int, float), str, str, str, str, str, str)
     for r in rows:

@@ -32,6 +32,8 @@ from .store import REPLICAS_SCHEMA, SCHEMA, Store, shown_db, statements
 
 # The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
 WRITE_LOCK = 0x64_70_75_6C_77  # "dpulw"
+# The session lock a replica holds from a write's plan to its commit (Store.try_planning_lock).
+PLAN_LOCK = 0x64_70_75_6C_70  # "dpulp"
 
 
 # store.SCHEMA's tables (version 1) in PostgreSQL's types, made from it so that the two cannot drift apart:
@@ -183,6 +185,17 @@ class PgStore(Store):
     def _statement(self) -> Iterator[Db]:
         with _as_store_errors():
             yield PgCursor(self._connection())
+
+    def try_planning_lock(self) -> bool:
+        """Take the planning lock (a session advisory lock: the database gives it up if this session dies)."""
+        with self._lock, self._statement() as cur:
+            row = cur.execute("SELECT pg_try_advisory_lock(?)", (PLAN_LOCK,)).fetchone()
+        return bool(row and row[0])
+
+    def release_planning_lock(self) -> None:
+        """Give the planning lock up (a session that broke meanwhile gave it up already)."""
+        with self._lock, self._statement() as cur:
+            cur.execute("SELECT pg_advisory_unlock(?)", (PLAN_LOCK,))
 
     def next_election_id(self) -> int:
         """The sequence's next value (monotonic across replicas, never rolled back)."""

@@ -33,3 +33,12 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "state.db")
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def other_db(request: pytest.FixtureRequest, db: str, tmp_path: Path) -> str:
+    """A second store of the same kind as `db` (a second control plane's state of its own)."""
+    if db.startswith("postgresql://"):
+        cluster: postgres.Cluster = request.getfixturevalue("pg_cluster")
+        return cluster.database()
+    return str(tmp_path / "other.db")

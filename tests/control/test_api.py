@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -14,8 +13,8 @@ from dpu_limiter.server import ControlPlane
 
 
 @pytest.fixture
-async def cp(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, LimiterClient]]:
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+async def cp(db: str) -> AsyncIterator[tuple[ControlPlane, LimiterClient]]:
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     client = LimiterClient(plane.address)
     try:
@@ -90,8 +89,8 @@ async def test_unknown_cap_is_not_found(cp: tuple[ControlPlane, LimiterClient]) 
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_state_survives_a_restart(tmp_path: Path) -> None:
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+async def test_state_survives_a_restart(db: str) -> None:
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     async with LimiterClient(plane.address) as c:
         await c.apply_pod("a", ["10.0.1.0/24"])
@@ -99,7 +98,7 @@ async def test_state_survives_a_restart(tmp_path: Path) -> None:
         await c.set_pod_cap("a", 1e9, 5e8, 60.0)
     await plane.stop()
 
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

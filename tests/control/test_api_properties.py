@@ -7,7 +7,6 @@ import asyncio
 import math
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 import pytest
@@ -78,9 +77,9 @@ async def _check(c: LimiterClient, call: object, names_field: Callable[[str], bo
         assert await _snapshot(c) == before
 
 
-def _run(tmp_path: Path, body: object) -> None:
+def _run(db: str, body: object) -> None:
     async def main() -> None:
-        plane = ControlPlane(tmp_path / "p.db", "127.0.0.1:0")
+        plane = ControlPlane(db, "127.0.0.1:0")
         await plane.start()
         try:
             async with LimiterClient(plane.address) as c:
@@ -96,15 +95,13 @@ def _run(tmp_path: Path, body: object) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(egress=floats, ingress=floats, window=floats, burst=st.integers(0, (1 << 64) - 1), pod=names)
-def test_set_pod_cap_any_values(
-    tmp_path: Path, egress: float, ingress: float, window: float, burst: int, pod: str
-) -> None:
+def test_set_pod_cap_any_values(db: str, egress: float, ingress: float, window: float, burst: int, pod: str) -> None:
     async def body(c: LimiterClient) -> None:
         await _check(c, c.set_pod_cap(pod, egress, ingress, window, burst))
         cap = (await c.get_pod_cap("a")).cap
         assert cap.egress_bps > 0 and math.isfinite(cap.egress_bps) and cap.burst_bytes < 1 << 32
 
-    _run(tmp_path, body)
+    _run(db, body)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -118,7 +115,7 @@ def test_set_pod_cap_any_values(
     uplink_port=st.integers(0, (1 << 32) - 1),
 )
 def test_pods_and_dpus_any_values(
-    tmp_path: Path,
+    db: str,
     name: str,
     pfx: list[str],
     dpu_name: str,
@@ -140,7 +137,7 @@ def test_pods_and_dpus_any_values(
         )
         await _check(c, c.register_dpu(dpu))
 
-    _run(tmp_path, body)
+    _run(db, body)
 
 
 # Every DPU address a request may carry is invalid or on loopback: a stored DPU is dialled.
@@ -183,7 +180,7 @@ routers_pb = st.builds(pb.Router, name=names, pods=st.lists(stored, max_size=3))
     dry_run=st.booleans(),
 )
 def test_apply_any_batch(
-    tmp_path: Path,
+    db: str,
     pods: list[pb.Pod],
     dpus: list[pb.Dpu],
     caps: list[pb.PodCap],
@@ -197,7 +194,7 @@ def test_apply_any_batch(
         if dry_run:
             assert await _snapshot(c) == before
 
-    _run(tmp_path, body)
+    _run(db, body)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -210,7 +207,7 @@ def test_apply_any_batch(
     missing_ok=st.booleans(),
 )
 def test_delete_any_names(
-    tmp_path: Path,
+    db: str,
     pods: list[str],
     dpus: list[str],
     caps: list[str],
@@ -232,7 +229,7 @@ def test_delete_any_names(
         )
         await _check(c, c.stub.Delete(request), _names_an_entry)
 
-    _run(tmp_path, body)
+    _run(db, body)
 
 
 # ---------------------------------------------------------------- every RPC, raw bytes and any message
@@ -292,7 +289,7 @@ def _payloads(desc: Descriptor) -> st.SearchStrategy[bytes]:
 @pytest.mark.parametrize("method", [m.name for m in METHODS])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_every_rpc_any_bytes(tmp_path: Path, method: str, data: st.DataObject) -> None:
+def test_every_rpc_any_bytes(db: str, method: str, data: st.DataObject) -> None:
     """Whatever bytes reach any RPC: an answer the proto lists, a bounded error, nothing stored by a refusal."""
     desc = pb.DESCRIPTOR.services_by_name["Limiter"].methods_by_name[method]
     payload = data.draw(_payloads(desc.input_type))
@@ -312,4 +309,4 @@ def test_every_rpc_any_bytes(tmp_path: Path, method: str, data: st.DataObject) -
             assert len(err.details() or "") <= 1024
             assert await _snapshot(c) == before
 
-    _run(tmp_path, body)
+    _run(db, body)

@@ -26,7 +26,7 @@ caps:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+def server(db: str) -> Iterator[str]:
     """`dpu-limiter serve` as a process, as an operator runs it."""
     port = free_port()
     proc = subprocess.Popen(
@@ -36,7 +36,7 @@ def server(tmp_path: Path) -> Iterator[str]:
             "dpu_limiter.cli",
             "serve",
             "--db",
-            str(tmp_path / "s.db"),
+            db,
             "--listen",
             f"127.0.0.1:{port}",
         ],
@@ -94,11 +94,11 @@ def test_changing_a_dpu_updates_it_in_place(tmp_path: Path, server: str) -> None
     assert json.loads(cli("get", "dpus", "--json", "--server", server).stdout)[0]["device_id"] == 2
 
 
-def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, server: str) -> None:
+def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, db: str, server: str) -> None:
     f = tmp_path / "m.yaml"
     f.write_text(MANIFEST)
     cli("apply", "-f", str(f), "--server", server)
-    before = cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout
+    before = cli("audit", "log", "--json", "--db", db).stdout
     # A change to pod a's cap, then a cap and a DPU for pods that do not exist: the server refuses the
     # whole file, naming the field, in a dry run too, and pod a's cap stays as it was.
     bad = MANIFEST.replace("egress: 1G", "egress: 2G") + "  - {pod: nosuch, egress: 1G, ingress: 1G, window_s: 60}\n"
@@ -111,19 +111,19 @@ def test_a_file_with_one_bad_reference_applies_nothing(tmp_path: Path, server: s
     res = cli("apply", "-f", str(f), "--dry-run", "--server", server)
     assert res.returncode == 1 and "dpus[0].pod: no such pod" in res.stderr
     assert json.loads(cli("get", "caps", "--json", "--server", server).stdout)[0]["egress"] == 1e9
-    assert cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout == before
+    assert cli("audit", "log", "--json", "--db", db).stdout == before
 
 
-def test_a_file_is_stored_as_one_change(tmp_path: Path, server: str) -> None:
+def test_a_file_is_stored_as_one_change(tmp_path: Path, db: str, server: str) -> None:
     f = tmp_path / "m.yaml"
     f.write_text(MANIFEST)
     cli("apply", "-f", str(f), "--server", server)
-    records = json.loads(cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout)
+    records = json.loads(cli("audit", "log", "--json", "--db", db).stdout)
     assert [r["action"] for r in records] == ["apply-pod", "apply-pod", "register-dpu", "set-cap"]
     assert {r["payload"]["generation"] for r in records} == {1}
 
 
-def test_delete_by_file_and_by_name(tmp_path: Path, server: str) -> None:
+def test_delete_by_file_and_by_name(tmp_path: Path, db: str, server: str) -> None:
     f = tmp_path / "m.yaml"
     f.write_text(MANIFEST)
     cli("apply", "-f", str(f), "--server", server)
@@ -146,9 +146,9 @@ def test_delete_by_file_and_by_name(tmp_path: Path, server: str) -> None:
     assert get("caps") == [] and get("dpus") == ["dpu-a"]
     assert changes(cli("delete", "-f", str(f), "--ignore-not-found", "--json", "--server", server)) == want[1:]
     assert get("pods") == [] and get("dpus") == []
-    actions = [r["action"] for r in json.loads(cli("audit", "log", "--json", "--db", str(tmp_path / "s.db")).stdout)]
+    actions = [r["action"] for r in json.loads(cli("audit", "log", "--json", "--db", db).stdout)]
     assert actions[-4:] == ["delete-cap", "delete-dpu", "delete-pod", "delete-pod"]
-    assert cli("audit", "verify", "--db", str(tmp_path / "s.db")).returncode == 0
+    assert cli("audit", "verify", "--db", db).returncode == 0
     assert cli("delete", "--server", server).returncode == 2  # neither a file nor names
 
 

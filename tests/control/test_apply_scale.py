@@ -12,7 +12,6 @@ import ipaddress
 import random
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from types import ModuleType
 
 import grpc
@@ -49,9 +48,9 @@ def fleet(pods: int, address: str) -> pb.ApplyRequest:
 
 
 @pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, LimiterClient, list[float]]]:
+async def plane(db: str) -> AsyncIterator[tuple[ControlPlane, LimiterClient, list[float]]]:
     """A control plane with a short lease (renewed every 0.2 s), each renewal's time noted; and a client."""
-    cp = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", settings=Settings(lease_s=0.6))
+    cp = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=0.6))
     renewals: list[float] = []
     renew = cp.service.renew_leases
 

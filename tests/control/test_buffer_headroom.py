@@ -8,8 +8,6 @@ cap that would leave less than one frame is refused, naming the field.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 
@@ -64,8 +62,8 @@ async def _refused(coro: object, field: str, value: str) -> None:
     assert field in (err.value.details() or "") and value in (err.value.details() or "")
 
 
-async def test_the_api_refuses_what_would_leave_less_than_a_frame(tmp_path: Path) -> None:
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+async def test_the_api_refuses_what_would_leave_less_than_a_frame(db: str) -> None:
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -94,8 +92,8 @@ async def test_the_api_refuses_what_would_leave_less_than_a_frame(tmp_path: Path
         await plane.stop()
 
 
-async def test_the_target_holds_the_reduced_bucket(tmp_path: Path) -> None:
-    async with programmed_target(tmp_path, (8e6, 8e6, 2.0, 1_000_000), buffer_bytes=294_492) as (device, _, _):
+async def test_the_target_holds_the_reduced_bucket(db: str) -> None:
+    async with programmed_target(db, (8e6, 8e6, 2.0, 1_000_000), buffer_bytes=294_492) as (device, _, _):
         assert device.pipeline is not None
         meter = device.pipeline.program.meters["LimiterIngress.boundary_meter"]
         # The rate less ARP's 1000 B/s; the bucket less the buffer and ARP's 600 bytes.

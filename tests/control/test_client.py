@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,8 +19,8 @@ METHOD_OF = {"GetUsage": "usage", "GetStatus": "status"}
 
 
 @pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[LimiterClient]:
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+async def client(db: str) -> AsyncIterator[LimiterClient]:
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -79,14 +78,12 @@ async def servers() -> AsyncIterator[list[grpc.aio.Server]]:
         await server.stop(grace=0)
 
 
-async def test_at_most_the_set_number_of_dpus_are_worked_on_at_once(
-    tmp_path: Path, servers: list[grpc.aio.Server]
-) -> None:
+async def test_at_most_the_set_number_of_dpus_are_worked_on_at_once(db: str, servers: list[grpc.aio.Server]) -> None:
     tally: dict[str, int] = {}
     # Pushes take a second, so that every DPU has connected while the first ones are under way.
     served = [await serve(tally, install_s=1.0) for _ in range(6)]
     servers += [s for _, s, _ in served]
-    plane = ControlPlane(tmp_path / "s.db", settings=Settings(concurrency=Concurrency(installs=2, reconciles=3)))
+    plane = ControlPlane(db, settings=Settings(concurrency=Concurrency(installs=2, reconciles=3)))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -101,14 +98,14 @@ async def test_at_most_the_set_number_of_dpus_are_worked_on_at_once(
     assert tally["max install"] == 2 and 2 <= tally["max write"] <= 3, tally
 
 
-async def test_a_slow_dpu_does_not_delay_the_others(tmp_path: Path, servers: list[grpc.aio.Server]) -> None:
+async def test_a_slow_dpu_does_not_delay_the_others(db: str, servers: list[grpc.aio.Server]) -> None:
     tally: dict[str, int] = {}
     # dpu-slow answers every Write after 30 s: past finsy's 10 s deadline, so each of its tries holds a
     # slot for 10 s. With two slots, the others take turns in the second.
     slow = await serve(tally, delay_s=30.0)
     fast = [await serve(tally) for _ in range(4)]
     servers += [s for _, s, _ in [slow, *fast]]
-    plane = ControlPlane(tmp_path / "s.db", settings=Settings(concurrency=Concurrency(installs=2, reconciles=2)))
+    plane = ControlPlane(db, settings=Settings(concurrency=Concurrency(installs=2, reconciles=2)))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

@@ -146,11 +146,11 @@ async def servers() -> AsyncIterator[list[grpc.aio.Server]]:
         await server.stop(grace=0)
 
 
-async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, servers: list[grpc.aio.Server]) -> None:
+async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(db: str, servers: list[grpc.aio.Server]) -> None:
     lease_s = 4.0
     live, server, _, addr = await serve()
     servers.append(server)
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     watch = Watch([live])
     try:
@@ -184,7 +184,7 @@ async def test_a_dead_dpu_holds_growth_back_one_lease_at_most(tmp_path: Path, se
 
 @pytest.mark.parametrize("idle", [False, True], ids=["in-use", "idle"])
 async def test_a_dpu_cut_off_owing_a_shrink_holds_growth_back_until_its_lease_ends(
-    tmp_path: Path, servers: list[grpc.aio.Server], idle: bool
+    db: str, servers: list[grpc.aio.Server], idle: bool
 ) -> None:
     # Cut off from the control plane (its gRPC server stopped), its data plane running on. In use,
     # frames cross it every few milliseconds. Idle (the red team's attack), none does until the others
@@ -194,7 +194,7 @@ async def test_a_dpu_cut_off_owing_a_shrink_holds_growth_back_until_its_lease_en
     live, live_server, _, live_addr = await serve()
     dying_device, dying_server, dying, dying_addr = await serve()
     servers += [live_server, dying_server]
-    plane = await two_nodes(tmp_path / "s.db", lease_s, {"live": live_addr, "dying": dying_addr})
+    plane = await two_nodes(db, lease_s, {"live": live_addr, "dying": dying_addr})
     watch = Watch([live], traffic=None if idle else dying_device)
     try:
         async with LimiterClient(plane.address) as c:
@@ -220,7 +220,7 @@ async def test_a_dpu_cut_off_owing_a_shrink_holds_growth_back_until_its_lease_en
 
 
 async def test_a_live_dpu_that_never_confirms_is_not_renewed_past_its_shrink(
-    tmp_path: Path, servers: list[grpc.aio.Server]
+    db: str, servers: list[grpc.aio.Server]
 ) -> None:
     # Alive and connected, but every Write hangs past finsy's 10 s deadline: it never takes its smaller
     # share, and never the lease renewals written after it. The live DPU grows once the lease from
@@ -229,7 +229,7 @@ async def test_a_live_dpu_that_never_confirms_is_not_renewed_past_its_shrink(
     live, live_server, _, live_addr = await serve()
     stuck_device, stuck_server, stuck, stuck_addr = await serve()
     servers += [live_server, stuck_server]
-    plane = await two_nodes(tmp_path / "s.db", lease_s, {"live": live_addr, "stuck": stuck_addr})
+    plane = await two_nodes(db, lease_s, {"live": live_addr, "stuck": stuck_addr})
     watch = Watch([live], traffic=stuck_device)
     try:
         async with LimiterClient(plane.address) as c:
@@ -250,12 +250,12 @@ async def test_a_live_dpu_that_never_confirms_is_not_renewed_past_its_shrink(
     assert lowered < watch.crossed < grown  # it passed frames under its old lease, and none once others grew
 
 
-async def test_a_slow_dpu_that_confirms_is_waited_for(tmp_path: Path, servers: list[grpc.aio.Server]) -> None:
+async def test_a_slow_dpu_that_confirms_is_waited_for(db: str, servers: list[grpc.aio.Server]) -> None:
     # Lease far longer than the test: growth must come from the slow DPU's confirmation, not a lapse.
     served = [await serve(), await serve(delay_s=1.5), await serve()]
     servers += [s for _, s, _, _ in served]
     devices = [d for d, _, _, _ in served]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=60.0))
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=60.0))
     await plane.start()
     watch = Watch(devices)
     cap = 80e6
@@ -284,7 +284,7 @@ async def test_a_slow_dpu_that_confirms_is_waited_for(tmp_path: Path, servers: l
 
 @pytest.mark.parametrize("how", ["lowered", "deleted"])
 async def test_a_restarted_control_plane_waits_for_what_its_predecessor_waited_for(
-    tmp_path: Path, servers: list[grpc.aio.Server], how: str
+    db: str, servers: list[grpc.aio.Server], how: str
 ) -> None:
     # The control plane stops while a cut-off DPU may still pass its old share (after a lower cap that
     # it never confirmed, or after being deleted): the next one, on the same state file, must not let
@@ -293,7 +293,6 @@ async def test_a_restarted_control_plane_waits_for_what_its_predecessor_waited_f
     live, live_server, _, live_addr = await serve()
     _, idle_server, _, idle_addr = await serve()
     servers += [live_server, idle_server]
-    db = tmp_path / "s.db"
     plane = await two_nodes(db, lease_s, {"live": live_addr, "idle": idle_addr})
     watch = Watch([live])
     try:

@@ -20,19 +20,19 @@ from helpers.processes import free_port, stop, wait_port
 pytestmark = pytest.mark.timeout(180)
 
 
-def _serve(db: Path, port: int) -> subprocess.Popen[bytes]:
+def _serve(db: str, port: int, logs: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", db, "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,
-        stderr=(db.parent / "serve.log").open("ab"),
+        stderr=(logs / "serve.log").open("ab"),
     )
     wait_port(port, proc)
     return proc
 
 
-async def test_kill_9_loses_no_acknowledged_write(tmp_path: Path) -> None:
-    db, port = tmp_path / "state.db", free_port()
-    proc = _serve(db, port)
+async def test_kill_9_loses_no_acknowledged_write(tmp_path: Path, db: str) -> None:
+    port = free_port()
+    proc = _serve(db, port, tmp_path)
     acked: list[int] = []
     try:
         async with LimiterClient(f"127.0.0.1:{port}") as c:
@@ -52,7 +52,7 @@ async def test_kill_9_loses_no_acknowledged_write(tmp_path: Path) -> None:
     finally:
         stop(proc)
     last = acked[-1]
-    proc = _serve(db, port)
+    proc = _serve(db, port, tmp_path)
     try:
         async with LimiterClient(f"127.0.0.1:{port}") as c:
             # gRPC shares subchannels across a process's channels: the one that saw the old server die

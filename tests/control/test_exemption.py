@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -101,16 +100,16 @@ def test_node_macs_are_normalised_and_only_nodes_have_one() -> None:
     assert err.value.field == "dpu.node_mac"
 
 
-def test_node_macs_survive_the_store(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.db")
+def test_node_macs_survive_the_store(db: str) -> None:
+    store = open_store(db)
     store.put_pod(POD)
     store.add_dpu(node("n1", MACS[0]))
     store.close()
-    assert open_store(tmp_path / "s.db").load().dpus["n1"].node_mac == MACS[0]
+    assert open_store(db).load().dpus["n1"].node_mac == MACS[0]
 
 
-async def test_one_mac_names_one_node_across_the_fleet(tmp_path: Path) -> None:
-    async with plane_with_pod(tmp_path) as (_, client):
+async def test_one_mac_names_one_node_across_the_fleet(db: str) -> None:
+    async with plane_with_pod(db) as (_, client):
         await client.apply_pod("b", ["10.0.2.0/24"])
         await _register_nodes(client)
 
@@ -140,11 +139,11 @@ async def _register_nodes(client: LimiterClient) -> None:
     assert [d.name for d in listed.dpus] == ["n1"]  # nothing else stored
 
 
-async def test_usage_counts_arp_its_meter_passed_apart_from_what_it_dropped(tmp_path: Path) -> None:
+async def test_usage_counts_arp_its_meter_passed_apart_from_what_it_dropped(db: str) -> None:
     """A flood of minimum-size ARP: usage says how much ARP crossed (its bucket) and how much was dropped."""
     from scapy.layers.l2 import ARP, Ether
 
-    async with programmed_target(tmp_path, (8e6, 8e6, 2.0, 100_000)) as (device, _, c):
+    async with programmed_target(db, (8e6, 8e6, 2.0, 100_000)) as (device, _, c):
         arp = bytes(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(psrc="10.0.1.1", pdst="10.0.1.254"))  # 42 bytes
         passed = sum(len(device.process(0, arp)) for _ in range(100))
         assert passed == ARP_BURST_BYTES // len(arp)  # its own bucket, nothing from the cap's
@@ -188,16 +187,16 @@ def test_seal_ports_are_checked(dpu: Dpu, why: str) -> None:
     assert err.value.field == "dpu.seal_port" and why in err.value.reason
 
 
-def test_seal_ports_survive_the_store_the_api_and_files(tmp_path: Path) -> None:
+def test_seal_ports_survive_the_store_the_api_and_files(db: str) -> None:
     from dpu_limiter.convert import dpu_from_pb, dpu_to_pb
     from dpu_limiter.manifest import dpu_entry
 
-    store = open_store(tmp_path / "s.db")
+    store = open_store(db)
     store.put_pod(POD)
     store.add_dpu(sealed_node("n1", MACS[0]))
     store.add_dpu(sealed_node("n2", MACS[1], None))
     store.close()
-    dpus = open_store(tmp_path / "s.db").load().dpus
+    dpus = open_store(db).load().dpus
     assert (dpus["n1"].seal_port, dpus["n2"].seal_port) == (2, None)
     assert dpu_from_pb(dpu_to_pb(dpus["n1"])).seal_port == 2
     assert dpu_from_pb(dpu_to_pb(dpus["n2"])).seal_port is None  # unset, not port 0
@@ -205,7 +204,7 @@ def test_seal_ports_survive_the_store_the_api_and_files(tmp_path: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def sealed_nodes(tmp_path: Path) -> AsyncIterator[tuple[Device, LimiterClient]]:
+async def sealed_nodes(db: str) -> AsyncIterator[tuple[Device, LimiterClient]]:
     """Pod a with node DPUs n1 and n2 (MACS[0], MACS[1]), seal port 2, each an in-process embedded target,
     converged; yields n1's device and a client."""
     from helpers.planes import serve_in_process
@@ -213,7 +212,7 @@ async def sealed_nodes(tmp_path: Path) -> AsyncIterator[tuple[Device, LimiterCli
     device, server, addr = await serve_in_process()
     _, server2, addr2 = await serve_in_process()
     try:
-        async with plane_with_pod(tmp_path) as (_, client):
+        async with plane_with_pod(db) as (_, client):
             for name, mac, port in (("n1", MACS[0], addr), ("n2", MACS[1], addr2)):
                 await client.register_dpu(
                     Dpu(name, port, 1, "a", Role.NODE, host_port=0, uplink_port=1, node_mac=mac, seal_port=2)
@@ -225,14 +224,14 @@ async def sealed_nodes(tmp_path: Path) -> AsyncIterator[tuple[Device, LimiterCli
         await server2.stop(grace=0)
 
 
-async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
+async def test_the_control_plane_programs_the_seal_port(db: str) -> None:
     """End to end on an in-process embedded target: a node registered with a seal port sends its pod
     mates' frames there, and takes a pod mate's frame as intra-pod only when it arrives opened."""
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
 
-    async with sealed_nodes(tmp_path) as (device, client):
+    async with sealed_nodes(db) as (device, client):
         await client.set_pod_cap("a", 8e6, 8e6, 2.0, 100_000)
         await client.wait_converged(timeout=30)
         out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
@@ -253,14 +252,14 @@ async def test_the_control_plane_programs_the_seal_port(tmp_path: Path) -> None:
         assert usage["ingress"].metered_bytes == len(back) + len(elsewhere)
 
 
-async def test_a_node_that_leaves_its_pod_is_floored_without_its_exemption(tmp_path: Path) -> None:
+async def test_a_node_that_leaves_its_pod_is_floored_without_its_exemption(db: str) -> None:
     """Deleted (or moved: its old agent floors it first), a node DPU keeps neither its pod's prefixes nor
     its peers: what it sent its old pod mates is metered (at the floor: dropped), not sealed and exempt."""
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
 
-    async with sealed_nodes(tmp_path) as (device, client):
+    async with sealed_nodes(db) as (device, client):
         out = bytes(Ether(src=MACS[0], dst=MACS[1]) / IP(src="10.0.1.1", dst="10.0.1.2") / UDP() / Raw(b"x" * 900))
         assert device.process(0, out) == [(2, out)]  # intra-pod, sealed: no cap needed
         await client.delete(dpus=["n1"])

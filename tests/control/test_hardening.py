@@ -54,18 +54,18 @@ def _dpu(name: str = "d", address: str = "127.0.0.1:1", pod: str = "a", device_i
     return pb.Dpu(name=name, p4runtime_address=address, device_id=device_id, pod=pod)
 
 
-async def test_addresses_in_other_digits_scope_ids_and_bare_dashes_are_refused(tmp_path: Path) -> None:
+async def test_addresses_in_other_digits_scope_ids_and_bare_dashes_are_refused(db: str) -> None:
     """Item 1: '127.0.0.1:²' answered UNKNOWN (isdigit then int); '١٢٣', '-' and '%eth0' were stored."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         for address in ("127.0.0.1:²", "127.0.0.1:١٢٣", "-:80", "[fe80::1%eth0]:80", "a..b:1", "-a.b:1", "a_b:1"):
             await _refused(c, c.register_dpu(_dpu(address=address)), Code.INVALID_ARGUMENT, "dpu.p4runtime_address")
         for i, address in enumerate(("localhost:9559", "[::1]:9559", "dpu-1.pod-a.example:9559", "10.9.0.1:1")):
             await c.register_dpu(_dpu(name=f"d{i}", address=address))
 
 
-async def test_a_name_with_a_trailing_newline_is_not_a_second_name(tmp_path: Path) -> None:
+async def test_a_name_with_a_trailing_newline_is_not_a_second_name(db: str) -> None:
     """Item 2: `a\\n` passed the name pattern (`$` matches before a final newline)."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         await _refused(c, c.apply_pod("a\n", ["10.0.2.0/24"]), Code.INVALID_ARGUMENT, "pod.name")
         await _refused(c, c.register_dpu(_dpu(name="d\n")), Code.INVALID_ARGUMENT, "dpu.name")
         await _refused(c, c.register_dpu(_dpu(pod="a\n")), Code.INVALID_ARGUMENT, "dpu.pod")
@@ -74,9 +74,9 @@ async def test_a_name_with_a_trailing_newline_is_not_a_second_name(tmp_path: Pat
         assert [p.name for p in (await c.stub.ListPods(pb.ListPodsRequest())).pods] == ["a"]
 
 
-async def test_errors_repeat_a_bounded_part_of_a_huge_value(tmp_path: Path) -> None:
+async def test_errors_repeat_a_bounded_part_of_a_huge_value(db: str) -> None:
     """Item 3: a 16 kB name turned INVALID_ARGUMENT into RESOURCE_EXHAUSTED (the error echoed it all)."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         for huge in ("a" * 16_384, "é" * 10_000, "x" * 1_000_000):
             details = await _refused(c, c.apply_pod(huge, ["10.0.2.0/24"]), Code.INVALID_ARGUMENT, "pod.name")
             assert f"({len(huge)} chars)" in details
@@ -90,9 +90,9 @@ async def test_errors_repeat_a_bounded_part_of_a_huge_value(tmp_path: Path) -> N
         assert "chars in all" in details
 
 
-async def test_bytes_that_are_not_the_request_message_are_invalid_argument(tmp_path: Path) -> None:
+async def test_bytes_that_are_not_the_request_message_are_invalid_argument(db: str) -> None:
     """Item 4: b'\\xff\\xff\\xff\\xff' to ApplyPod answered UNKNOWN with a server traceback; so for every RPC."""
-    async with plane_with_pod(tmp_path) as (plane, c):
+    async with plane_with_pod(db) as (plane, c):
         service = pb.DESCRIPTOR.services_by_name["Limiter"]
         assert len(service.methods) == 12
         for method in service.methods:
@@ -108,9 +108,9 @@ async def test_bytes_that_are_not_the_request_message_are_invalid_argument(tmp_p
         assert await plane.service.wait_converged(5)
 
 
-async def test_status_codes_are_the_protos(tmp_path: Path) -> None:
+async def test_status_codes_are_the_protos(db: str) -> None:
     """Item 5: duplicates answered INVALID_ARGUMENT (never ALREADY_EXISTS); unknown references too (not NOT_FOUND)."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         await c.register_dpu(_dpu())
         await _refused(c, c.register_dpu(_dpu(address="127.0.0.1:2")), Code.ALREADY_EXISTS, "dpu.name")
         await _refused(c, c.register_dpu(_dpu(name="e")), Code.ALREADY_EXISTS, "dpu.p4runtime_address")
@@ -126,10 +126,10 @@ async def test_status_codes_are_the_protos(tmp_path: Path) -> None:
         await _refused(c, c.stub.Apply(twice), Code.INVALID_ARGUMENT, "pods[1].name")
 
 
-async def test_caps_that_mean_nothing_are_refused_before_any_dpu(tmp_path: Path) -> None:
+async def test_caps_that_mean_nothing_are_refused_before_any_dpu(db: str) -> None:
     """Item 7: on a pod without DPUs, 1 bit/s (0 bytes/s) and a window of 5e-324 s were stored; a later
     RegisterDpu was then refused blaming its buffer."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         await _refused(c, c.set_pod_cap("a", 1, 1e9, 60.0), Code.INVALID_ARGUMENT, "cap.egress_bps")
         await _refused(c, c.set_pod_cap("a", 1e9, 8_000, 60.0), Code.INVALID_ARGUMENT, "cap.ingress_bps")
         await _refused(c, c.set_pod_cap("a", 1e9, 1e9, 5e-324), Code.INVALID_ARGUMENT, "cap.window_s")
@@ -141,9 +141,9 @@ async def test_caps_that_mean_nothing_are_refused_before_any_dpu(tmp_path: Path)
         await c.register_dpu(_dpu())  # a cap a DPU without a buffer can hold is one a DPU can be added under
 
 
-async def test_prefixes_no_pod_can_own_are_refused(tmp_path: Path) -> None:
+async def test_prefixes_no_pod_can_own_are_refused(db: str) -> None:
     """Item 8: 0.0.0.0/0 (all of IPv4 then intra-pod), loopback, multicast, link-local, broadcast were stored."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         for prefix in (
             "0.0.0.0/0",
             "127.0.0.0/8",
@@ -190,11 +190,11 @@ def _two_ou_certificate(pki: Path) -> TlsFiles:
     return TlsFiles(pki / "ca.pem", pki / "both.pem", pki / "both.key")
 
 
-async def test_a_certificate_with_two_roles_has_none(tmp_path: Path) -> None:
+async def test_a_certificate_with_two_roles_has_none(tmp_path: Path, db: str) -> None:
     """Item 13: OU=[verifier, operator] took its role from the first OU and could write."""
     pki = tmp_path / "pki"
     files = init(pki, ["127.0.0.1", "localhost"])
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", tls=files["server"])
+    plane = ControlPlane(db, "127.0.0.1:0", tls=files["server"])
     await plane.start()
     try:
         async with LimiterClient(f"localhost:{plane.port}", _two_ou_certificate(pki)) as c:
@@ -208,9 +208,9 @@ async def test_a_certificate_with_two_roles_has_none(tmp_path: Path) -> None:
         await plane.stop()
 
 
-async def test_one_endpoint_has_one_spelling(tmp_path: Path) -> None:
+async def test_one_endpoint_has_one_spelling(db: str) -> None:
     """Review: 127.0.0.1:09559, [::ffff:127.0.0.1]:9559 or 0.0.0.0:9559 registered a second DPU on one device."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         await c.apply_pod("b", ["10.0.2.0/24"])
         assert (await c.register_dpu(_dpu(address="127.0.0.1:9559"))).p4runtime_address == "127.0.0.1:9559"
         await _refused(
@@ -225,8 +225,9 @@ async def test_one_endpoint_has_one_spelling(tmp_path: Path) -> None:
 
 
 async def test_a_second_control_plane_on_one_state_file_is_refused(tmp_path: Path) -> None:
-    """Review: a second server on the same file wrote from its own stale copy (two pods got one prefix)."""
-    async with plane_with_pod(tmp_path) as (plane, _):
+    """Review: a second server on the same file wrote from its own stale copy (two pods got one prefix). (A
+    SQLite file's own: on PostgreSQL a second control plane is a replica, test_replicas.py.)"""
+    async with plane_with_pod(tmp_path / "state.db") as (plane, _):
         with pytest.raises(StateInUse, match="in use by another control plane"):
             ControlPlane(plane.store.path, "127.0.0.1:0")
     ControlPlane(plane.store.path, "127.0.0.1:0").store.close()  # the first one stopped: free again
@@ -234,7 +235,7 @@ async def test_a_second_control_plane_on_one_state_file_is_refused(tmp_path: Pat
 
 async def test_a_locked_state_file_is_unavailable_not_unknown(tmp_path: Path) -> None:
     """Review: an operator's sqlite shell holding a write transaction made writes answer UNKNOWN."""
-    async with plane_with_pod(tmp_path) as (plane, c):
+    async with plane_with_pod(tmp_path / "state.db") as (plane, c):
         other = sqlite3.connect(plane.store.path, timeout=0)
         other.execute("BEGIN IMMEDIATE")
         try:
@@ -261,9 +262,9 @@ def test_a_file_may_not_turn_numbers_into_names_or_foreign_digits_into_rates(tmp
             load_manifest(path)
 
 
-async def test_more_prefixes_than_the_data_plane_holds_are_refused(tmp_path: Path) -> None:
+async def test_more_prefixes_than_the_data_plane_holds_are_refused(db: str) -> None:
     """Review: a pod of 2,000 prefixes was accepted; limiter.p4's prefix tables hold 1,024."""
-    async with plane_with_pod(tmp_path) as (_, c):
+    async with plane_with_pod(db) as (_, c):
         many = [f"10.{8 + i // 256}.{i % 256}.0/24" for i in range(MAX_POD_PREFIXES + 1)]
         await _refused(c, c.apply_pod("b", many), Code.INVALID_ARGUMENT, "pod.ipv4_prefixes")
         await c.apply_pod("b", many[:MAX_POD_PREFIXES])

@@ -80,11 +80,11 @@ def deadline(device: Device) -> int:
     return int.from_bytes(param.value, "big")
 
 
-async def test_a_lease_ends_at_its_deadline_on_the_dpus_clock_and_renewal_moves_it(tmp_path: Path) -> None:
+async def test_a_lease_ends_at_its_deadline_on_the_dpus_clock_and_renewal_moves_it(db: str) -> None:
     # The DPU's clock is virtual: it stands still while the control plane reads it and writes the lease.
     clock = VirtualClock()
     clock.us = 7_000_000
-    async with dpu(clock) as (device, addr), plane_for(tmp_path / "state.db", addr, 2.0, False) as (plane, c):
+    async with dpu(clock) as (device, addr), plane_for(db, addr, 2.0, False) as (plane, c):
         # Issued when the control plane started and placed on the DPU's clock when it connected: the
         # deadline is the issue plus 2 s, less however long connecting took, and never later.
         end = deadline(device)
@@ -107,11 +107,11 @@ async def test_a_lease_ends_at_its_deadline_on_the_dpus_clock_and_renewal_moves_
         assert not passes(device)
 
 
-async def test_an_idle_dpus_lease_ends_at_its_deadline_however_late_its_first_packet(tmp_path: Path) -> None:
+async def test_an_idle_dpus_lease_ends_at_its_deadline_however_late_its_first_packet(db: str) -> None:
     # No packet crosses until long after the lease was written: the lease does not start with the
     # first packet (an idle DPU cut off from the control plane would keep its old share forever).
     clock = VirtualClock()
-    async with dpu(clock) as (device, addr), plane_for(tmp_path / "state.db", addr, 2.0, False) as (_, c):
+    async with dpu(clock) as (device, addr), plane_for(db, addr, 2.0, False) as (_, c):
         clock.us = deadline(device)
         assert not passes(device)
         clock.us += 60_000_000
@@ -119,10 +119,10 @@ async def test_an_idle_dpus_lease_ends_at_its_deadline_however_late_its_first_pa
         assert await lease_bytes(c) == 2 * len(OUT)
 
 
-async def test_the_control_plane_gone_past_its_lease_leaves_the_floor(tmp_path: Path) -> None:
+async def test_the_control_plane_gone_past_its_lease_leaves_the_floor(db: str) -> None:
     async with dpu(Clock()) as (device, addr):
         # Real time, the renewal loop on: traffic crosses for as long as the control plane runs.
-        async with plane_for(tmp_path / "state.db", addr, lease_s=1.5, loop=True) as (_, _c):
+        async with plane_for(db, addr, lease_s=1.5, loop=True) as (_, _c):
             for _ in range(6):
                 assert passes(device)
                 await asyncio.sleep(0.5)
@@ -132,13 +132,13 @@ async def test_the_control_plane_gone_past_its_lease_leaves_the_floor(tmp_path: 
         assert not passes(device)
         assert not passes(device)
         # A control plane comes back with the same state: a new lease, traffic again.
-        async with plane_for(tmp_path / "state.db", addr, lease_s=1.5, loop=True) as (_, c):
+        async with plane_for(db, addr, lease_s=1.5, loop=True) as (_, c):
             assert passes(device)
             assert await lease_bytes(c) >= 2 * len(OUT)
 
 
-async def test_a_held_lease_is_not_rewritten_and_a_changed_one_is_drift(tmp_path: Path) -> None:
-    async with dpu(VirtualClock()) as (device, addr), plane_for(tmp_path / "state.db", addr, 2.0, False) as (plane, _):
+async def test_a_held_lease_is_not_rewritten_and_a_changed_one_is_drift(db: str) -> None:
+    async with dpu(VirtualClock()) as (device, addr), plane_for(db, addr, 2.0, False) as (plane, _):
         agent = plane.service.agents["dpu-a"]
         assert await agent.wait_applied(agent.poke(), 30)
         assert agent.status.drift_corrections == 0  # read back as written: nothing to correct
@@ -150,7 +150,7 @@ async def test_a_held_lease_is_not_rewritten_and_a_changed_one_is_drift(tmp_path
         assert agent.status.drift_corrections == 1 and "1 leases written" in agent.status.last_drift
 
 
-async def test_status_shows_each_dpus_lease_and_when_it_lapses(tmp_path: Path) -> None:
+async def test_status_shows_each_dpus_lease_and_when_it_lapses(db: str) -> None:
     from helpers.processes import cli
 
     device = Device(1, cpu_port=CPU_PORT)
@@ -159,7 +159,7 @@ async def test_status_shows_each_dpus_lease_and_when_it_lapses(tmp_path: Path) -
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with plane_for(tmp_path / "s.db", f"127.0.0.1:{port}", 1.5, True) as (plane, c):
+        async with plane_for(db, f"127.0.0.1:{port}", 1.5, True) as (plane, c):
             # Renewals come every half second, each with a clock echo and a write: on a busy machine a
             # status may fall between a renewal and its read-back ("renewing"), so look a few times.
             for _ in range(100):

@@ -69,12 +69,12 @@ async def _eventually_entries(addr: str, count: int, timeout: float) -> bool:
     return False
 
 
-async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: TargetProc) -> None:
+async def test_programs_restores_and_keeps_primacy(db: str, target: TargetProc) -> None:
     from finsy import P4MeterEntry, P4Schema
 
     from helpers.paths import BMV2_JSON, P4INFO
 
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     addr = f"127.0.0.1:{target.port}"
     try:
@@ -126,9 +126,9 @@ async def test_programs_restores_and_keeps_primacy(tmp_path: Path, target: Targe
 
 
 @pytest.mark.parametrize("renewed", [False, True])
-async def test_drift_is_corrected_and_reported(tmp_path: Path, renewed: bool) -> None:
+async def test_drift_is_corrected_and_reported(db: str, renewed: bool) -> None:
     """Also when a lease renewal (our own change) comes before the read-back that finds it."""
-    async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
+    async with programmed_target(db, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
         assert (await c.status()).dpus[0].drift_corrections == 0
         # Someone changes the DPU behind the control plane's back: a crossing and a meter.
         assert device.pipeline is not None
@@ -149,8 +149,8 @@ async def test_drift_is_corrected_and_reported(tmp_path: Path, renewed: bool) ->
         assert cfg == (2_499_000, 49_400, 2_499_000, 49_400)
 
 
-async def test_another_program_with_the_same_tables_is_found_by_its_hash(tmp_path: Path) -> None:
-    async with programmed_target(tmp_path, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
+async def test_another_program_with_the_same_tables_is_found_by_its_hash(db: str) -> None:
+    async with programmed_target(db, (20e6, 20e6, 10.0, 50_000)) as (device, plane, c):
         agent = plane.service.agents["dpu-a"]
         agent.resync_s = agent.pipeline_check_s = 0.2
         ours = device.pipeline

@@ -32,8 +32,10 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
 from dpu_limiter.settings import Settings
 from dpu_limiter.store import Store
+from dpu_limiter.stores import read_audit, verify_file
 from dpu_limiter.units import CPU_PORT
 from dpu_softswitch.server import Device, P4RuntimeService, add_to_server
+from helpers import postgres
 from helpers.p4rt import lease_entry, schema
 from helpers.postgres import Cluster
 from helpers.processes import free_port, wait_port
@@ -522,3 +524,89 @@ async def test_a_verifier_given_every_replica_reads_every_dpu(pg_url: str) -> No
         facts = await both.facts()
         assert sorted(n for pod in facts.pipelines.values() for n in pod) == sorted(dpus), facts
         assert await both.read_back() == []
+
+
+async def test_no_acknowledged_write_is_lost_when_a_replica_or_the_database_is_killed(tmp_path: Path) -> None:
+    """Two writers, each through a replica of its own (through the other once its own is gone), set pod caps whose
+    rates only rise; one replica is killed with kill -9, then the database crashes (no checkpoint) and starts
+    again. Every acknowledged write is in the change log, in order; nothing is there that was not sent; the
+    stored cap is the log's last; the log verifies. (A cluster of the test's own: it is crashed.)"""
+    with postgres.cluster() as cluster:
+        url = cluster.database()
+        ports = {"r1": free_port(), "r2": free_port()}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        acked: dict[str, list[int]] = {"a": [], "b": []}
+        sent: dict[str, list[int]] = {"a": [], "b": []}  # acknowledged, or failed (it may or may not be stored)
+        done = asyncio.Event()
+
+        async def writer(pod: str, order: list[str], clients: dict[str, LimiterClient]) -> None:
+            rate = 0
+            while not done.is_set():
+                rate += 1  # a new value every time: a write that failed may have been stored, so none is sent twice
+                live = [r for r in order if procs[r].poll() is None]
+                sent[pod].append(rate)
+                try:
+                    await clients[live[0]].set_pod_cap(pod, 1e6 + rate, 1e6 + rate, 1.0)
+                    acked[pod].append(rate)
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                    await asyncio.sleep(0.05)
+
+        tasks: list[asyncio.Task[None]] = []
+
+        async def more(n: int, timeout: float, what: str) -> None:
+            goal = {p: len(v) + n for p, v in acked.items()}
+            try:
+                await until(
+                    lambda: all(len(acked[p]) >= goal[p] or t.done() for p, t in zip(acked, tasks, strict=True)),
+                    timeout,
+                    what,
+                )
+            finally:
+                for t in tasks:
+                    if t.done():
+                        t.result()  # a writer that met anything but UNAVAILABLE: its error
+
+        try:
+            for r, port in ports.items():
+                with (tmp_path / f"{r}.log").open("ab") as out:
+                    procs[r] = subprocess.Popen(serve_command(url, port, r), stdout=out, stderr=subprocess.STDOUT)
+            for r, port in ports.items():
+                await asyncio.to_thread(wait_port, port, procs[r], 60)
+            async with LimiterClient(f"127.0.0.1:{ports['r1']}") as c1, LimiterClient(f"127.0.0.1:{ports['r2']}") as c2:
+                clients = {"r1": c1, "r2": c2}
+                await c1.apply_pod("a", ["10.0.1.0/24"])
+                await c1.apply_pod("b", ["10.0.2.0/24"])
+                tasks += [
+                    asyncio.create_task(writer("a", ["r1", "r2"], clients)),
+                    asyncio.create_task(writer("b", ["r2", "r1"], clients)),
+                ]
+                try:
+                    await more(30, 60, "both writers under way")
+                    os.kill(procs["r1"].pid, signal.SIGKILL)  # the process this test started, by its PID
+                    procs["r1"].wait(timeout=10)
+                    await more(30, 60, "both writers on through r2")
+                    cluster.crash()
+                    await asyncio.sleep(1.0)
+                    cluster.start()
+                    await more(30, 60, "both writers on after the database came back")
+                finally:
+                    done.set()
+                    await asyncio.gather(*tasks)
+                stored = {p: (await c2.get_pod_cap(p)).cap.egress_bps for p in acked}
+        finally:
+            for proc in procs.values():
+                stop_process(proc)
+        records = read_audit(url)
+        for pod in acked:
+            logged = [round(r.payload["egress_bps"] - 1e6) for r in records if r.object == f"pod/{pod}/cap"]
+            assert logged == sorted(set(logged)), logged  # in order, each once
+            assert set(acked[pod]) <= set(logged) <= set(sent[pod])
+            assert stored[pod] == 1e6 + logged[-1]
+        assert len(sent["a"]) > len(acked["a"]), "the kills cut no write short: nothing was tested in flight"
+        verdict = verify_file(url)
+        assert verdict.ok, verdict.problem
+        print(
+            f"acknowledged {len(acked['a'])} + {len(acked['b'])} writes, {len(sent['a']) - len(acked['a'])} + "
+            f"{len(sent['b']) - len(acked['b'])} failed; every acknowledged one stored"
+        )

@@ -62,10 +62,10 @@ async def spend(device: Device, crossed: list[float], deadline: float, idle_s: f
 
 
 @contextlib.asynccontextmanager
-async def window_capped(tmp_path: Path, port: int, mode: str = "window") -> AsyncIterator[LimiterClient]:
+async def window_capped(db: str, port: int, mode: str = "window") -> AsyncIterator[LimiterClient]:
     """A control plane with pod a capped in window mode (RATE_BPS x WINDOW_S; or in `mode`), its DPU at `port`
     converged."""
-    plane = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))
+    plane = ControlPlane(db, settings=Settings(lease_s=1.5))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -106,7 +106,7 @@ def most_in_a_window(times: list[float], window_s: float) -> int:
     ids=["empty", "program-kept", "tables-restored", "tables-restored-armed-by-another", "moved-to-a-new-pod"],
 )
 async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_one_window(
-    tmp_path: Path, preloaded: bool | str, moved: bool
+    db: str, preloaded: bool | str, moved: bool
 ) -> None:
     """Power-cycled, the DPU comes back empty (the agent loads the pipeline), or with its program kept
     (as firmware that loads it from flash would: same cookie, nothing to load, its tables and registers
@@ -119,7 +119,7 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
     hosts (a second red team's way around the first fix)."""
     device, server, port = await serve()
     try:
-        async with window_capped(tmp_path, port) as c:
+        async with window_capped(db, port) as c:
             crossed: list[float] = []
             # Spend the whole budget (the frames stop crossing), then power-cycle the DPU at once.
             await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
@@ -158,7 +158,7 @@ async def test_a_power_cycled_window_mode_dpu_cannot_spend_a_second_budget_in_on
 @pytest.mark.parametrize(
     "how", ["shortened", "lengthened-through-the-floor", "lengthened-through-rate-mode", "from-rate-mode"]
 )
-async def test_a_changed_window_does_not_forget_what_the_old_one_counted(tmp_path: Path, how: str) -> None:
+async def test_a_changed_window_does_not_forget_what_the_old_one_counted(db: str, how: str) -> None:
     """The slot counters' tags depend on the window's length, so a changed window starts counting afresh
     (a red team: 14,967,000 B in 20 s against 10,000,000). Spend the budget of a 12 s window and shorten it
     to 6 s, or lengthen it to 24 s with the floor or rate mode in between (a fifth red team: 4,461,844 B in
@@ -169,7 +169,7 @@ async def test_a_changed_window_does_not_forget_what_the_old_one_counted(tmp_pat
     crossed: list[float] = []
     longest = 2 * WINDOW_S if how.startswith("lengthened") else WINDOW_S
     try:
-        async with window_capped(tmp_path, port, "rate" if how == "from-rate-mode" else "window") as c:
+        async with window_capped(db, port, "rate" if how == "from-rate-mode" else "window") as c:
             if how == "from-rate-mode":
                 await spend(device, crossed, time.monotonic() + WINDOW_S)  # its rate for a window
             else:
@@ -195,18 +195,18 @@ async def test_a_changed_window_does_not_forget_what_the_old_one_counted(tmp_pat
     assert most_in_a_window(after, window) <= int(RATE_BPS / 8 * window) // len(OUT) + 1
 
 
-async def test_a_control_plane_restarted_during_a_window_changes_hold_keeps_holding(tmp_path: Path) -> None:
+async def test_a_control_plane_restarted_during_a_window_changes_hold_keeps_holding(tmp_path: Path, db: str) -> None:
     """A fifth red team: the hold lived in the agent, and a control plane restarted on the same state file
     1 s into it resumed the lease at once (2,229,880 B in 12 s against 1,500,000). It is stored now."""
     device, server, port = await serve(running_s=86400)
     crossed: list[float] = []
     try:
-        async with window_capped(tmp_path, port) as c:
+        async with window_capped(db, port) as c:
             await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
             spent = len(crossed)
             await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S / 2, mode="window")
             await asyncio.sleep(1.0)
-        restarted = ControlPlane(tmp_path / "s.db", settings=Settings(lease_s=1.5))  # window_capped's state
+        restarted = ControlPlane(db, settings=Settings(lease_s=1.5))  # window_capped's state
         await restarted.start()
         try:
             await offer_for_a_window(device, crossed, spent, 60)
@@ -218,7 +218,7 @@ async def test_a_control_plane_restarted_during_a_window_changes_hold_keeps_hold
     assert most_in_a_window(crossed, WINDOW_S) <= int(RATE_BPS / 8 * WINDOW_S) // len(OUT) + 1
 
 
-async def test_a_second_control_plane_with_a_state_of_its_own_holds_too(tmp_path: Path) -> None:
+async def test_a_second_control_plane_with_a_state_of_its_own_holds_too(db: str, other_db: str) -> None:
     """A fifth red team: the power-cycled DPU armed by the first control plane, a second one (a state file of
     its own, so no share it granted before, and a higher election id) takes it over and found an epoch it
     did not arm: it may have been leased, whatever the second one's state says (2,973,868 B in 12 s against
@@ -226,7 +226,7 @@ async def test_a_second_control_plane_with_a_state_of_its_own_holds_too(tmp_path
     device, server, port = await serve(running_s=86400)
     crossed: list[float] = []
     try:
-        async with window_capped(tmp_path, port):
+        async with window_capped(db, port):
             await spend(device, crossed, time.monotonic() + 20, idle_s=0.5)
             spent, old = len(crossed), device.pipeline
             assert old is not None
@@ -237,7 +237,7 @@ async def test_a_second_control_plane_with_a_state_of_its_own_holds_too(tmp_path
             async with asyncio.timeout(30):
                 while not epoch.read(0):  # the first control plane's agent is back and armed it
                     await asyncio.sleep(0.05)
-            second = ControlPlane(tmp_path / "second.db", settings=Settings(lease_s=1.5, election_id=ELECTION_ID + 7))
+            second = ControlPlane(other_db, settings=Settings(lease_s=1.5, election_id=ELECTION_ID + 7))
             await second.start()
             try:
                 async with LimiterClient(second.address) as c2:

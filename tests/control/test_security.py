@@ -36,8 +36,8 @@ def client_tls(d: Path, name: str) -> TlsFiles:
     return TlsFiles(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
 
 
-async def test_roles_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", tls=client_tls(pki, "server"))
+async def test_roles_over_mutual_tls(tmp_path: Path, db: str, pki: Path) -> None:
+    plane = ControlPlane(db, "127.0.0.1:0", tls=client_tls(pki, "server"))
     await plane.start()
     addr = f"localhost:{plane.port}"
     try:
@@ -62,11 +62,11 @@ async def test_roles_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
             assert (await v.get_pod_cap("a")).cap.egress_bps == 1e9  # the refused writes changed nothing
     finally:
         await plane.stop()
-    actors = {r.action: r.actor for r in read_audit(tmp_path / "s.db")}
+    actors = {r.action: r.actor for r in read_audit(db)}
     assert actors == {"apply-pod": "verifier:verifier", "set-cap": "verifier:verifier"}
 
 
-async def test_p4runtime_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
+async def test_p4runtime_over_mutual_tls(tmp_path: Path, db: str, pki: Path) -> None:
     port = free_port()
     tls = [
         "--grpc-server-ssl",
@@ -79,7 +79,7 @@ async def test_p4runtime_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
         "--grpc-server-with-client-auth",
     ]
     target = start_embedded(port, tmp_path / "target.log", tls)
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(p4runtime_tls=client_tls(pki, "verifier")))
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(p4runtime_tls=client_tls(pki, "verifier")))
     try:
         await plane.start()
         async with LimiterClient(plane.address) as c:
@@ -101,7 +101,7 @@ async def test_p4runtime_over_mutual_tls(tmp_path: Path, pki: Path) -> None:
         stop(target)
 
 
-def test_certs_cli(tmp_path: Path) -> None:
+def test_certs_cli(tmp_path: Path, db: str) -> None:
     d = tmp_path / "pki"
     res = subprocess.run(
         [sys.executable, "-m", "dpu_limiter.cli", "certs", "init", str(d)], capture_output=True, text=True, timeout=60
@@ -123,7 +123,7 @@ def test_certs_cli(tmp_path: Path) -> None:
             "dpu_limiter.cli",
             "serve",
             "--db",
-            str(tmp_path / "s.db"),
+            db,
             "--listen",
             f"127.0.0.1:{port}",
             "--tls-dir",

@@ -52,10 +52,10 @@ def _granted(devices: list[Device]) -> float:
 
 
 @pytest.mark.parametrize("node", [True, False], ids=["node-dpus", "parallel-uplinks"])
-async def test_shrink_before_grow_and_a_dead_node_blocks_growth(tmp_path: Path, node: bool) -> None:
+async def test_shrink_before_grow_and_a_dead_node_blocks_growth(db: str, node: bool) -> None:
     served = [await serve_in_process() for _ in range(3)]
     devices = [d for d, _, _ in served]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0")
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     cap = 30e6
     samples: list[float] = []
@@ -133,11 +133,11 @@ def test_rebalancing_moves_unused_share_and_holds_the_cap(tmp_path: Path) -> Non
     assert flows["a2-to-b2-light"].loss_ratio < 0.15  # the light node gets what it asks for, after a ramp
 
 
-async def test_a_rebalancing_cap_must_leave_every_node_a_frame_too(tmp_path: Path) -> None:
+async def test_a_rebalancing_cap_must_leave_every_node_a_frame_too(db: str) -> None:
     # A rebalancing pod's nodes get equal shares with small buckets first, then shares by demand, down
     # to a floor: a cap under which any of those leaves a node's buffer less than a frame is refused,
     # with rebalance as without (it used to skip the check).
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0")
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

@@ -17,17 +17,18 @@ from dpu_limiter.audit import GENESIS, seal
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Change, Dpu, Role
 from dpu_limiter.server import ControlPlane
-from dpu_limiter.store import StateMismatch
+from dpu_limiter.store import StateMismatch, is_url
 from dpu_limiter.stores import open_store
 from helpers.processes import cli, free_port
+from helpers.stores import behind
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def _legit_state(tmp_path: Path) -> Path:
-    """A state file written through real Apply and Delete RPCs on a real control plane: creates,
-    updates in place and deletes of every kind (the DPUs' addresses answer nothing: not needed here)."""
-    db = tmp_path / "state.db"
+async def _legit_state(db: str) -> str:
+    """A state (a SQLite file or a PostgreSQL database) written through real Apply and Delete RPCs on a real
+    control plane: creates, updates in place and deletes of every kind (the DPUs' addresses answer nothing:
+    not needed here)."""
     plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
@@ -67,28 +68,20 @@ async def _legit_state(tmp_path: Path) -> Path:
     return db
 
 
-def _sql(db: Path, *statements: str) -> None:
-    con = sqlite3.connect(db)
-    for s in statements:
-        con.execute(s)
-    con.commit()
-    con.close()
-
-
-def _head(db: Path) -> str:
+def _head(db: str | Path) -> str:
     res = cli("audit", "verify", "--db", str(db), "--json")
     assert res.returncode == 0, res.stderr
     return str(json.loads(res.stdout)["head"])
 
 
-def _serve(db: Path) -> subprocess.CompletedProcess[str]:
+def _serve(db: str | Path) -> subprocess.CompletedProcess[str]:
     """`dpu-limiter serve` on the file, as an operator starts it (expected to exit at once)."""
     listen = f"127.0.0.1:{free_port()}"
     command = [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", listen]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
-def _refused(db: Path, where: str, anchor: str) -> None:
+def _refused(db: str, where: str, anchor: str) -> None:
     """Everything that reads the file says `where` differs: the server (in process and as a command)
     and `audit verify` with and without the anchor (text and JSON)."""
     with pytest.raises(StateMismatch, match=rf"{where}\b") as exc:
@@ -107,8 +100,8 @@ def _refused(db: Path, where: str, anchor: str) -> None:
         assert res.returncode == 1 and not verdict["ok"] and where in verdict["problem"], res
 
 
-async def test_a_legit_state_verifies_and_restarts(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
+async def test_a_legit_state_verifies_and_restarts(db: str) -> None:
+    await _legit_state(db)
     head = _head(db)
     res = cli("audit", "verify", "--db", str(db), "--anchor", head)
     assert res.returncode == 0 and "stored state matches" in res.stdout, res
@@ -125,48 +118,48 @@ async def test_a_legit_state_verifies_and_restarts(tmp_path: Path) -> None:
     assert _head(db) == head  # a restart writes nothing
 
 
-async def test_a_cap_raised_in_the_table_is_refused(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
+async def test_a_cap_raised_in_the_table_is_refused(db: str) -> None:
+    await _legit_state(db)
     head = _head(db)
-    _sql(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
+    behind(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
     _refused(db, "caps/a.egress_bps", head)
     with pytest.raises(StateMismatch, match=r"caps/a\.egress_bps: stored 1e\+12, the log says 9e\+06 \(record \d+\)"):
         ControlPlane(db, "127.0.0.1:0")
 
 
-async def test_a_deleted_dpu_row_is_refused(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
+async def test_a_deleted_dpu_row_is_refused(db: str) -> None:
+    await _legit_state(db)
     head = _head(db)
-    _sql(db, "DELETE FROM dpus WHERE name = 'dpu-b'")
+    behind(db, "DELETE FROM dpus WHERE name = 'dpu-b'")
     _refused(db, "dpus/dpu-b", head)
     with pytest.raises(StateMismatch, match=r"dpus/dpu-b: not stored, but the log has it \(record \d+\)"):
         ControlPlane(db, "127.0.0.1:0")
 
 
-async def test_a_pod_row_not_in_the_log_is_refused(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
+async def test_a_pod_row_not_in_the_log_is_refused(db: str) -> None:
+    await _legit_state(db)
     head = _head(db)
-    _sql(db, """INSERT INTO pods VALUES ('x', '["10.9.0.0/16"]')""", """INSERT INTO pods VALUES ('c', '[]')""")
+    behind(db, """INSERT INTO pods VALUES ('x', '["10.9.0.0/16"]')""", """INSERT INTO pods VALUES ('c', '[]')""")
     _refused(db, "pods/c", head)  # the first difference, in name order
     with pytest.raises(StateMismatch, match=r"pods/c: stored, but the log deleted it \(record \d+\) \(and 1 more\)"):
         ControlPlane(db, "127.0.0.1:0")
-    _sql(db, "DELETE FROM pods WHERE name = 'c'")
+    behind(db, "DELETE FROM pods WHERE name = 'c'")
     with pytest.raises(StateMismatch, match=r"pods/x: stored, but no record in the log writes it"):
         ControlPlane(db, "127.0.0.1:0")
 
 
-async def test_a_changed_generation_is_refused(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
+async def test_a_changed_generation_is_refused(db: str) -> None:
+    await _legit_state(db)
     head = _head(db)
-    _sql(db, "UPDATE meta SET value = '99' WHERE key = 'generation'")
+    behind(db, "UPDATE meta SET value = '99' WHERE key = 'generation'")
     _refused(db, "meta/generation", head)
     with pytest.raises(StateMismatch, match=r"meta/generation: stored 99, the log says 5 \(record \d+\)"):
         ControlPlane(db, "127.0.0.1:0")
 
 
-async def test_a_row_edited_with_its_record_breaks_the_chain(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
-    _sql(
+async def test_a_row_edited_with_its_record_breaks_the_chain(db: str) -> None:
+    await _legit_state(db)
+    behind(
         db,
         "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'",
         "UPDATE audit SET payload = replace(payload, '9000000.0', '1000000000000.0') WHERE action = 'set-cap'",
@@ -178,8 +171,8 @@ async def test_a_row_edited_with_its_record_breaks_the_chain(tmp_path: Path) -> 
 
 
 async def test_a_trigger_is_refused(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
-    _sql(db, "CREATE TRIGGER raise_a AFTER INSERT ON audit BEGIN UPDATE caps SET egress_bps = 1e12; END")
+    db = await _legit_state(str(tmp_path / "state.db"))
+    behind(db, "CREATE TRIGGER raise_a AFTER INSERT ON audit BEGIN UPDATE caps SET egress_bps = 1e12; END")
     with pytest.raises(StateMismatch, match=r"trigger 'raise_a'"):
         ControlPlane(db, "127.0.0.1:0")
     res = cli("audit", "verify", "--db", str(db))
@@ -187,25 +180,26 @@ async def test_a_trigger_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_value_of_the_wrong_type_is_refused_without_a_traceback(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
-    _sql(db, "UPDATE dpus SET device_id = 'x' WHERE name = 'dpu-a'")
+    db = await _legit_state(str(tmp_path / "state.db"))
+    behind(db, "UPDATE dpus SET device_id = 'x' WHERE name = 'dpu-a'")
     with pytest.raises(StateMismatch, match=r"dpus/dpu-a\.device_id: stored 'x', the log says 1"):
         ControlPlane(db, "127.0.0.1:0")
     res = _serve(db)
     assert res.returncode == 1 and "dpus/dpu-a.device_id" in res.stderr and "Traceback" not in res.stderr, res
 
 
-async def test_a_row_edited_while_running_is_never_enforced(tmp_path: Path) -> None:
-    db = await _legit_state(tmp_path)
+async def test_a_row_edited_while_running_is_never_enforced(db: str) -> None:
+    await _legit_state(db)
     plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
             # Another reader, even one that checkpoints the WAL, is looked at once and let be.
             assert cli("audit", "verify", "--db", str(db)).returncode == 0
-            _sql(db, "PRAGMA wal_checkpoint(TRUNCATE)")
+            if not is_url(db):
+                behind(db, "PRAGMA wal_checkpoint(TRUNCATE)")
             await c.set_pod_cap("a", 10e6, 10e6, 10.0)
-            _sql(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
+            behind(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
             with pytest.raises(grpc.aio.AioRpcError) as exc:  # the next write is refused, and stores nothing
                 await c.set_pod_cap("b", 10e6, 10e6, 10.0)
             assert exc.value.code() == grpc.StatusCode.DATA_LOSS
@@ -281,13 +275,12 @@ async def test_an_old_format_state_file_still_starts(tmp_path: Path) -> None:
     finally:
         await plane.stop()
     assert cli("audit", "verify", "--db", str(db)).returncode == 0
-    _sql(db, "UPDATE caps SET mode = 'window'")
+    behind(db, "UPDATE caps SET mode = 'window'")
     with pytest.raises(StateMismatch, match=r"caps/a\.mode: stored 'window', the log says 'rate'"):
         ControlPlane(db, "127.0.0.1:0")
 
 
-def test_a_state_without_records_or_rows_starts_and_verifies(tmp_path: Path) -> None:
-    db = tmp_path / "new.db"
+def test_a_state_without_records_or_rows_starts_and_verifies(db: str) -> None:
     s = open_store(db)
     assert s.commit([Change("unchanged", "pod", "a")]) == 0  # nothing recorded, no new generation either
     s.close()
@@ -296,12 +289,12 @@ def test_a_state_without_records_or_rows_starts_and_verifies(tmp_path: Path) -> 
     assert res.returncode == 0, res
 
 
-async def test_a_payload_text_the_hash_does_not_cover_is_refused(tmp_path: Path) -> None:
+async def test_a_payload_text_the_hash_does_not_cover_is_refused(db: str) -> None:
     """Review: a key written twice in a payload's text verified (the hash covers the parsed values),
     so jq or json_extract could read a cap the log never sealed."""
-    db = await _legit_state(tmp_path)
+    await _legit_state(db)
     head = _head(db)
-    _sql(
+    behind(
         db,
         """UPDATE audit SET payload = '{"egress_bps": 1600000000000.0, ' || substr(payload, 2) """
         """WHERE seq = (SELECT min(seq) FROM audit WHERE action = 'set-cap')""",
@@ -311,7 +304,7 @@ async def test_a_payload_text_the_hash_does_not_cover_is_refused(tmp_path: Path)
 
 async def test_a_column_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path) -> None:
     """Review: an actor stored as a BLOB (the same bytes) crashed `serve` and `audit verify` with a traceback."""
-    db = await _legit_state(tmp_path)
+    db = await _legit_state(str(tmp_path / "state.db"))
     head = _head(db)
-    _sql(db, "UPDATE audit SET actor = CAST(actor AS BLOB) WHERE seq = 1")
+    behind(db, "UPDATE audit SET actor = CAST(actor AS BLOB) WHERE seq = 1")
     _refused(db, "record 1: a column holds a value of the wrong type", head)

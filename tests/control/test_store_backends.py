@@ -18,22 +18,9 @@ from dpu_limiter.models import Cap, Change, Dpu, Pod
 from dpu_limiter.store import StateInUse, StateMismatch, Store, is_url
 from dpu_limiter.stores import open_store, read_audit, verify_file
 from helpers.processes import cli
+from helpers.stores import behind
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _behind(db: str, statement: str) -> None:
-    """One statement on the database from another connection, as an operator's sqlite3 or psql would."""
-    if is_url(db):
-        import psycopg
-
-        with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute(statement.encode())
-        return
-    con = sqlite3.connect(db)
-    con.execute(statement)
-    con.commit()
-    con.close()
 
 
 def _fleet(s: Store) -> None:
@@ -56,7 +43,7 @@ def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
     assert s.schema_version() == 2
     assert s.live_replicas() == [("r1", "127.0.0.1:1")]
     s.close()
-    _behind(db, "INSERT INTO schema_version(version, applied) VALUES (3, 'by a newer control plane')")
+    behind(db, "INSERT INTO schema_version(version, applied) VALUES (3, 'by a newer control plane')")
     with pytest.raises(sqlite3.DatabaseError, match="schema version 3 is newer than this control plane's"):
         open_store(db)
 
@@ -80,7 +67,7 @@ def test_a_row_edited_behind_the_log_is_refused(db: str) -> None:
     s = open_store(db)
     _fleet(s)
     assert s.verify_state().ok
-    _behind(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
+    behind(db, "UPDATE caps SET egress_bps = 1e12 WHERE pod = 'a'")
     with pytest.raises(StateMismatch, match=r"caps/a\.egress_bps: stored 1e\+12, the log says 8e\+06"):
         s.put_pod(Pod("b", ("10.0.2.0/24",)))
     with pytest.raises(StateMismatch, match=r"caps/a\.egress_bps"):
@@ -98,10 +85,10 @@ def test_a_trigger_is_a_difference(db: str) -> None:
     _fleet(s)
     s.close()
     if is_url(db):
-        _behind(db, "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'")
-        _behind(db, "CREATE TRIGGER sneak BEFORE UPDATE ON caps FOR EACH ROW EXECUTE FUNCTION f()")
+        behind(db, "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END'")
+        behind(db, "CREATE TRIGGER sneak BEFORE UPDATE ON caps FOR EACH ROW EXECUTE FUNCTION f()")
     else:
-        _behind(db, "CREATE TRIGGER sneak AFTER UPDATE ON caps BEGIN SELECT 1; END")
+        behind(db, "CREATE TRIGGER sneak AFTER UPDATE ON caps BEGIN SELECT 1; END")
     verdict = verify_file(db)
     assert not verdict.ok and "trigger 'sneak' on caps" in verdict.problem
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
@@ -19,8 +18,8 @@ from helpers.processes import cli
 pytestmark = pytest.mark.timeout(60)
 
 
-async def _limited_pod(tmp_path: Path, address: str) -> ControlPlane:
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", metrics_listen="127.0.0.1:0", metrics_interval_s=0.2)
+async def _limited_pod(db: str, address: str) -> ControlPlane:
+    plane = ControlPlane(db, "127.0.0.1:0", metrics_listen="127.0.0.1:0", metrics_interval_s=0.2)
     await plane.start()
     async with LimiterClient(plane.address) as c:
         await c.apply_pod("a", ["10.0.1.0/24"])
@@ -31,9 +30,9 @@ async def _limited_pod(tmp_path: Path, address: str) -> ControlPlane:
     return plane
 
 
-async def test_watch_usage_and_metrics(tmp_path: Path) -> None:
+async def test_watch_usage_and_metrics(db: str) -> None:
     device, server, address = await serve_in_process()
-    plane = await _limited_pod(tmp_path, address)
+    plane = await _limited_pod(db, address)
     try:
         async with LimiterClient(plane.address) as c:
             stream = c.watch_usage("a", 0.2)
@@ -68,12 +67,12 @@ async def test_watch_usage_and_metrics(tmp_path: Path) -> None:
         await server.stop(grace=0)
 
 
-async def test_usage_watch_cli_prints_rates(tmp_path: Path) -> None:
+async def test_usage_watch_cli_prints_rates(db: str) -> None:
     import json
     import sys
 
     device, server, address = await serve_in_process()
-    plane = await _limited_pod(tmp_path, address)
+    plane = await _limited_pod(db, address)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -106,9 +105,9 @@ async def test_usage_watch_cli_prints_rates(tmp_path: Path) -> None:
         await server.stop(grace=0)
 
 
-async def test_usage_per_dpu_beside_the_pods_totals(tmp_path: Path) -> None:
+async def test_usage_per_dpu_beside_the_pods_totals(db: str) -> None:
     served = [await serve_in_process() for _ in range(2)]
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", metrics_listen="127.0.0.1:0", metrics_interval_s=0.2)
+    plane = ControlPlane(db, "127.0.0.1:0", metrics_listen="127.0.0.1:0", metrics_interval_s=0.2)
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import finsy as fy
 import pytest
@@ -57,13 +56,13 @@ async def until_grown(device: object, above: int, timeout: float) -> float:
 
 
 @pytest.mark.parametrize("cut_off", [False, True], ids=["floored", "cut-off"])
-async def test_a_node_that_leaves_frees_its_budget_one_window_later(tmp_path: Path, cut_off: bool) -> None:
+async def test_a_node_that_leaves_frees_its_budget_one_window_later(db: str, cut_off: bool) -> None:
     lease_s = 2.0
     (stay, stay_server, stay_addr), (leave, leave_server, leave_addr) = (
         await serve_in_process(),
         await serve_in_process(),
     )
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -90,14 +89,14 @@ async def test_a_node_that_leaves_frees_its_budget_one_window_later(tmp_path: Pa
     assert grown <= earliest + MARGIN_S
 
 
-async def test_a_move_taken_over_by_a_later_write_still_waits_for_its_window(tmp_path: Path) -> None:
+async def test_a_move_taken_over_by_a_later_write_still_waits_for_its_window(db: str) -> None:
     # A node joins while another is cut off: the cut-off one's budget shrinks (unconfirmed), and the
     # newcomer's may grow only one window after that shrink took effect (its lease ended). A write to the
     # pod meanwhile starts a new pass, which must keep the wait (a red team got 6,633,000 B in a 10 s
     # window against 5,000,000 when it did not).
     lease_s = 2.0
     served = [await serve_in_process() for _ in range(3)]
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=lease_s))
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=lease_s))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -120,11 +119,11 @@ async def test_a_move_taken_over_by_a_later_write_still_waits_for_its_window(tmp
     assert grown <= joined + lease_s + W + MARGIN_S
 
 
-async def test_a_pod_made_again_under_its_name_waits_for_what_the_old_one_did(tmp_path: Path) -> None:
+async def test_a_pod_made_again_under_its_name_waits_for_what_the_old_one_did(db: str) -> None:
     # Delete a pod with its DPUs (one of them having spent its budget) and make it again at once: the
     # new pod's DPUs may not spend the window's budget again before the old bytes have aged out.
     (n1, s1, a1), (_, s2, a2) = await serve_in_process(), await serve_in_process()
-    plane = ControlPlane(tmp_path / "s.db", "127.0.0.1:0", settings=Settings(lease_s=2.0))
+    plane = ControlPlane(db, "127.0.0.1:0", settings=Settings(lease_s=2.0))
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

@@ -49,9 +49,10 @@ async def serve_in_process(cpu_port: int | None = CPU_PORT) -> tuple[Device, grp
 
 
 @contextlib.asynccontextmanager
-async def plane_with_pod(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, LimiterClient]]:
-    """A control plane on loopback (state in `tmp_path`) and a client of it, with pod a (10.0.1.0/24)."""
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+async def plane_with_pod(db: Path | str) -> AsyncIterator[tuple[ControlPlane, LimiterClient]]:
+    """A control plane on loopback (its state in `db`: a SQLite file or a postgresql:// URL) and a client of it,
+    with pod a (10.0.1.0/24)."""
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:
@@ -63,12 +64,12 @@ async def plane_with_pod(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, Li
 
 @contextlib.asynccontextmanager
 async def programmed_target(
-    tmp_path: Path, cap: tuple[float, float, float, int], buffer_bytes: int = 0
+    db: Path | str, cap: tuple[float, float, float, int], buffer_bytes: int = 0
 ) -> AsyncIterator[tuple[Device, ControlPlane, LimiterClient]]:
-    """A control plane on loopback holding pod a (10.0.1.0/24) with `cap`, converged on an in-process
-    embedded target registered as dpu-a."""
+    """A control plane on loopback (its state in `db`) holding pod a (10.0.1.0/24) with `cap`, converged on an
+    in-process embedded target registered as dpu-a."""
     device, server, addr = await serve_in_process()
-    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    plane = ControlPlane(db, "127.0.0.1:0")
     await plane.start()
     try:
         async with LimiterClient(plane.address) as c:

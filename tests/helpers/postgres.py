@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers.processes import free_port
@@ -68,6 +68,8 @@ class Cluster:
     port: int
     root: Path
     _names: Iterator[int]
+    _ctl: list[str] = field(default_factory=list)  # pg_ctl on the data directory, as the cluster's user
+    _options: str = ""  # the server's options (its port, loopback only)
 
     def url(self, db: str = "postgres") -> str:
         """The URL of database `db` on the cluster."""
@@ -81,6 +83,17 @@ class Cluster:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")  # a name of ours
         return self.url(name)
+
+    def crash(self) -> None:
+        """Stop the server as a crash would (pg_ctl's immediate mode: no checkpoint; the next start recovers
+        from the write-ahead log)."""
+        subprocess.run([*self._ctl, "-m", "immediate", "-w", "stop"], check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        """Start the server (again), on the same port and data directory; returns once it takes connections."""
+        log = self.root / "postgres.log"
+        start = [*self._ctl, "-l", str(log), "-o", self._options, "-w", "-t", "60", "start"]
+        subprocess.run(start, check=True, capture_output=True, timeout=90)
 
     def sql(self, url: str, *statements: str) -> None:
         """Run statements on a database behind the control plane's back (as an operator's psql would)."""
@@ -112,13 +125,12 @@ def cluster() -> Iterator[Cluster]:
         subprocess.run([*prefix, *initdb], check=True, capture_output=True, timeout=120)
         port = free_port()
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c max_connections=50"
-        start = [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"]
-        subprocess.run([*prefix, *start], check=True, capture_output=True, timeout=90)
+        c = Cluster(port, root, itertools.count(1), [*prefix, str(bindir / "pg_ctl"), "-D", str(data)], options)
+        c.start()
         try:
-            yield Cluster(port, root, itertools.count(1))
+            yield c
         finally:
-            stop = [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]
-            subprocess.run([*prefix, *stop], capture_output=True, timeout=60)
+            subprocess.run([*c._ctl, "-m", "fast", "-w", "stop"], capture_output=True, timeout=60)
     except subprocess.CalledProcessError as exc:
         tail = log.read_text()[-2000:] if log.exists() else ""
         raise RuntimeError(f"{exc.cmd[len(prefix)]} failed: {exc.stderr.decode()[-2000:]} {tail}") from exc

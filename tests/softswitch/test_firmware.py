@@ -20,7 +20,7 @@ METER = "LimiterIngress.boundary_meter"
 
 
 async def test_firmware_tampers_with_or_lies_about_the_pipeline(tmp_path: Path) -> None:
-    async with programmed_target(tmp_path, (8e6, 8e6, 2.0, 100_000)) as (device, _, _):
+    async with programmed_target(tmp_path / "state.db", (8e6, 8e6, 2.0, 100_000)) as (device, _, _):
         assert device.pipeline is not None
         honest = device.pipeline.program.meters[METER].get_p4runtime_config(dp.CELLS["egress"])
         with tempfile.TemporaryDirectory(prefix="p4fw-") as d:  # a Unix socket's path must stay short

@@ -100,6 +100,7 @@ class Replicas:
         """Join (the first renewal must succeed), decide what this replica holds, and start the service on it."""
         await self._renew()
         self.service.owns, self.service.holder = self._placement()
+        self.service.read_head = lambda: self._store().log_head()
         self.service.election_id = await self._election_id()
         self.fenced = False
         await self.service.start()

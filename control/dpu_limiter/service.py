@@ -101,6 +101,9 @@ class LimiterService:
         # holds a pod it does not ("" here), for status and usage.
         self.owns: Callable[[str], bool] = lambda pod: True
         self.holder: Callable[[str], str] = lambda pod: ""
+        # How a read learns the change log's head as committed now: replicas read it on a connection of their
+        # own, so that a read does not wait for this replica's own long write on the store's (its lock).
+        self.read_head: Callable[[], tuple[int, str]] = store.log_head
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
@@ -776,7 +779,7 @@ class LimiterService:
 
     async def refresh(self) -> None:
         """With replicas: take what the others wrote if the change log moved (a read then answers the latest)."""
-        if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.store.head:
+        if self.store.SHARED and await asyncio.to_thread(self.read_head) != self.store.head:
             await self.catch_up()
 
     async def catch_up(self) -> bool:

@@ -59,6 +59,7 @@ class SqliteStore(Store):
     """The desired state in a SQLite file (WAL, synchronous=FULL): the embedded default."""
 
     MIGRATIONS = (_sqlite_v1, _sqlite_v2)
+    TOKEN = True  # PRAGMA data_version (_token)
 
     def __init__(self, path: Path | str, exclusive: bool = False) -> None:
         self.path = sqlite_path(path)

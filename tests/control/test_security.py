@@ -169,3 +169,37 @@ def test_certs_cli(tmp_path: Path, db: str) -> None:
         assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
     finally:
         stop(serve)
+
+
+async def test_unauthorised_writes_are_refused_the_same_on_every_replica(pg_url: str, pki: Path) -> None:
+    """Two replicas on one PostgreSQL database, mutual TLS: a read-only operator's write, a certificate without a
+    role and an expired one get the same answer from each, and nothing they sent is stored; the verifier's write
+    through one is read through the other."""
+    planes = [ControlPlane(pg_url, "127.0.0.1:0", tls=client_tls(pki, "server")) for _ in range(2)]
+    try:
+        for p in planes:
+            await p.start()
+        addresses = [f"localhost:{p.port}" for p in planes]
+        async with LimiterClient(addresses[0], client_tls(pki, "verifier")) as v:
+            await v.apply_pod("a", ["10.0.1.0/24"])
+            await v.set_pod_cap("a", 1e9, 1e9, 60.0)
+        answers: dict[str, set[tuple[grpc.StatusCode, str]]] = {"operator": set(), "nobody": set(), "stale": set()}
+        for addr in addresses:
+            for who in answers:
+                async with LimiterClient(addr, client_tls(pki, who)) as c:
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await c.set_pod_cap("a", 1e12, 1e12, 60.0)
+                    code = err.value.code()
+                    # An expired certificate fails the handshake: gRPC's own text names the peer, so only the code.
+                    answers[who].add((code, "" if code == grpc.StatusCode.UNAVAILABLE else err.value.details() or ""))
+            async with LimiterClient(addr, client_tls(pki, "operator")) as op:
+                assert (await op.get_pod_cap("a")).cap.egress_bps == 1e9  # written through the first, read here
+        assert {who: len(a) for who, a in answers.items()} == {"operator": 1, "nobody": 1, "stale": 1}, answers
+        assert [code for (code, _) in answers["operator"] | answers["nobody"]] == [
+            grpc.StatusCode.PERMISSION_DENIED
+        ] * 2
+        assert {code for code, _ in answers["stale"]} == {grpc.StatusCode.UNAVAILABLE}
+    finally:
+        for p in planes:
+            await p.stop()
+    assert {r.actor for r in read_audit(pg_url)} == {"verifier:verifier"}

@@ -332,3 +332,251 @@ def largest_payload(encap: Encap) -> int:
         return ETH_MAX - 42
     overhead = len(frame(encap, "0.0.0.0", "0.0.0.0", 0, 0, bytes(6), bytes(6)))
     return ETH_MAX + tag_allowance(encap) - overhead
+
+
+# ---------------------------------------------------------------- the wire red team's shapes
+#
+# A second red team's shapes (tests/lab/test_redteam_wire.py, bmv2-lab/scenarios/redteam-wire.yaml): what else an
+# attacker holding limiter.p4 would put on the wire, whose parser knows Ethernet, IPv4 and ARP only. Tunnels and
+# carriers the parser never looks into (IPv6 with extension headers, IPv4 in IPv6, MPLS, PPPoE), 802.3 frames (a
+# length where the EtherType goes, and the 0x05DD..0x05FF gap that is neither), tag stacks deeper than any parser
+# here reads, frames cut to their headers, link-local control frames (pause, PFC, LLDP, STP) to the reserved
+# 01:80:c2 addresses and to a host, frames from another host's MAC, IPv4 to broadcast addresses of the pod, a
+# datagram that looks like the verifier's probe, and real intra-pod traffic to a pod peer (exempt at a node DPU:
+# it must never reach the boundary). They are sent by the test itself (raw sockets in the sender's namespace),
+# not as scenario flows: `Encap` and `ENCAPS` stay the corpus above, which tests/lab/test_lab_frames.py and
+# tests/lab/test_redteam.py check shape by shape.
+
+WireShape = Literal[
+    "ipv6-ext",
+    "ipv6-frag",
+    "ipv4-in-ipv6",
+    "mpls",
+    "mpls-mcast",
+    "pppoe-session",
+    "pppoe-discovery",
+    "probe-lookalike",
+    "llc-snap",
+    "llc-gap",
+    "llc-len-short",
+    "vlan-stack3",
+    "vlan-9100",
+    "vlan-prio",
+    "runt",
+    "ipv4-bare",
+    "pause",
+    "pfc",
+    "lldp",
+    "lldp-unicast",
+    "stp",
+    "src-foreign",
+    "src-peer",
+    "ipv4-bcast-pod",
+    "ipv4-bcast-all",
+    "arp-request-bcast",
+    "intra-peer",
+]
+WIRE_SHAPES: tuple[WireShape, ...] = get_args(WireShape)
+# What each shape is, as the test's messages name it.
+WIRE_REDTEAM: dict[WireShape, str] = {
+    "ipv6-ext": "IPv6 with hop-by-hop, routing and destination-options headers, then UDP, to the receiver",
+    "ipv6-frag": "IPv6 first fragment (fragment header, more-fragments set) of a UDP datagram",
+    "ipv4-in-ipv6": "IPv6 (next header 4) around intra-pod-claiming IPv4",
+    "mpls": "MPLS unicast (0x8847), two labels, around intra-pod-claiming IPv4",
+    "mpls-mcast": "MPLS multicast (0x8848), one label, around intra-pod-claiming IPv4",
+    "pppoe-session": "PPPoE session (0x8864), PPP protocol IPv4, around intra-pod-claiming IPv4",
+    "pppoe-discovery": "PPPoE discovery (0x8863) PADI whose tags carry the data",
+    "probe-lookalike": "UDP to the probe port whose payload starts as a probe of the sender's pod (DLP1, pod a)",
+    "llc-snap": "802.3 length 1500, LLC/SNAP with EtherType IPv4, around intra-pod-claiming IPv4",
+    "llc-gap": "type/length 0x05FF (neither a length nor an EtherType), then intra-pod-claiming IPv4",
+    "llc-len-short": "802.3 length 46 on a full-size frame (the length lies), LLC UI",
+    "vlan-stack3": "three 802.1Q tags around intra-pod-claiming IPv4",
+    "vlan-9100": "a tag with the pre-802.1ad QinQ TPID 0x9100 around intra-pod-claiming IPv4",
+    "vlan-prio": "802.1Q priority tag (VID 0, PCP 7) around intra-pod-claiming IPv4",
+    "runt": "14 bytes: an Ethernet header with EtherType IPv4 and nothing after it",
+    "ipv4-bare": "34 bytes: an intra-pod-claiming IPv4 header (totalLen 20) and nothing after it",
+    "pause": "802.3x PAUSE (0x8808, opcode 1) to 01:80:c2:00:00:01, full size",
+    "pfc": "PFC (0x8808, opcode 0x0101, every class paused) unicast to the receiver, full size",
+    "lldp": "LLDP (0x88cc) to the nearest-bridge address 01:80:c2:00:00:0e, full size",
+    "lldp-unicast": "LLDP (0x88cc) unicast to the receiver, full size",
+    "stp": "an 802.3/LLC STP BPDU to 01:80:c2:00:00:00, padded to full size",
+    "src-foreign": "UDP from the sender to the receiver with the receiver's own MAC (another pod's host) as source",
+    "src-peer": "intra-pod-claiming UDP to the receiver with a pod peer's MAC as source",
+    "ipv4-bcast-pod": "UDP to the sender's pod's directed broadcast address (x.x.x.255), Ethernet to the receiver",
+    "ipv4-bcast-all": "UDP to 255.255.255.255, Ethernet broadcast",
+    "arp-request-bcast": "well-formed 60-byte ARP request to the Ethernet broadcast address, flooded",
+    "intra-peer": "real intra-pod UDP to a pod peer at its MAC (exempt at a node DPU, sealed)",
+}
+# Shapes whose frames have one length whatever the payload.
+WIRE_FIXED_LENGTH: dict[WireShape, int] = {"runt": 14, "ipv4-bare": 34, "arp-request-bcast": 60}
+# Shapes that claim both ends in the sender's pod (frames.claimed_dst), as CLAIMING does.
+WIRE_CLAIMING: frozenset[WireShape] = frozenset(
+    ("ipv4-in-ipv6", "mpls", "mpls-mcast", "pppoe-session", "llc-snap", "llc-gap", "vlan-stack3", "vlan-9100")
+    + ("vlan-prio", "ipv4-bare", "src-peer")
+)
+
+ETH_MPLS, ETH_MPLS_MCAST, ETH_PPPOE_DISC, ETH_PPPOE_SESS = 0x8847, 0x8848, 0x8863, 0x8864
+ETH_MAC_CONTROL, ETH_LLDP, ETH_QINQ_OLD = 0x8808, 0x88CC, 0x9100
+PAUSE_MAC = bytes.fromhex("0180c2000001")
+LLDP_MAC = bytes.fromhex("0180c200000e")
+STP_MAC = bytes.fromhex("0180c2000000")
+LLC_GAP = 0x05FF  # above 1500 (no 802.3 length) and below 0x0600 (no EtherType)
+PROBE_PORT = 60000  # the verifier's probe port in docs/probes.md's example
+IPV6_HBH, IPV6_ROUTING, IPV6_FRAGMENT, IPV6_DSTOPTS = 0, 43, 44, 60
+
+
+def _ipv6_header(src: str, dst: str, next_header: int, body: bytes) -> bytes:
+    """An IPv6 header with IPv4-mapped addresses (the same hosts, seen through IPv6) and `body`."""
+    s = ipaddress.IPv6Address(f"::ffff:{src}").packed
+    d = ipaddress.IPv6Address(f"::ffff:{dst}").packed
+    return struct.pack("!IHBB", 6 << 28, len(body), next_header, 64) + s + d + body
+
+
+def _ipv6_ext(next_header: int, body: bytes = b"") -> bytes:
+    """An 8-byte IPv6 extension header (hop-by-hop, routing or destination options) padded with PadN."""
+    if body:
+        return struct.pack("!BB", next_header, 0) + body
+    return struct.pack("!BBBB", next_header, 0, 1, 4) + bytes(4)  # PadN of 4 bytes fills the 8
+
+
+def _mpls(labels: list[int], inner: bytes) -> bytes:
+    """An MPLS label stack (TTL 64, bottom of stack on the last) and `inner`."""
+    stack = b"".join(
+        struct.pack("!I", label << 12 | (1 << 8 if k == len(labels) - 1 else 0) | 64) for k, label in enumerate(labels)
+    )
+    return stack + inner
+
+
+def _mac_control(opcode: int, quanta: bytes, mark: bytes, size: int) -> bytes:
+    """A MAC control frame's body (after its EtherType) of `size` bytes: opcode, parameters, then the data."""
+    head = struct.pack("!H", opcode) + quanta
+    return head + _filler(mark, size - len(head))
+
+
+def _lldp(src_mac: bytes, mark: bytes, size: int) -> bytes:
+    """An LLDPDU of `size` bytes: chassis ID, port ID, TTL, an organizationally specific TLV with the data, end."""
+
+    def tlv(kind: int, value: bytes) -> bytes:
+        return struct.pack("!H", kind << 9 | len(value)) + value
+
+    head = tlv(1, b"\x04" + src_mac) + tlv(2, b"\x07eth0") + tlv(3, b"\x00\x78")
+    room = size - len(head) - 2 - 2  # the org TLV's header and the end TLV
+    return head + tlv(127, _filler(b"\x00\x80\xc2\x7f" + mark, room)) + struct.pack("!H", 0)
+
+
+def _probe_lookalike(dport: int, mark: bytes, size: int) -> bytes:
+    """A UDP datagram of `size` payload bytes that starts as a probe of pod "a" would (docs/probes.md): magic,
+    name, burst 0, sequence 0, a send time, no report, zeros, a tag of zeros (it cannot know the pod's key)."""
+    body = b"DLP1" + b"\x01a" + struct.pack("!IIdIQI", 0, 0, 0.0, 0xFFFFFFFF, 0, 0) + mark
+    return _udp(dport, (body + bytes(size))[:size])
+
+
+def wire_frame(
+    shape: WireShape,
+    src: str,
+    dst: str,
+    dport: int,
+    payload: int,
+    src_mac: bytes,
+    dst_mac: bytes,
+    peer: tuple[str, bytes] | None = None,
+) -> bytes:
+    """One frame of a wire red-team shape (WIRE_REDTEAM) from `src` at `src_mac` toward `dst` at `dst_mac`, as long
+    as a `payload`-byte UDP datagram's plain frame would be (unless WIRE_FIXED_LENGTH); `peer` is a pod mate's
+    (address, MAC), which "src-peer" and "intra-peer" need."""
+    mark = marker(src, dport)
+
+    def udp(less: int = 0) -> bytes:
+        """The datagram, its payload `less` bytes shorter (room for what a shape adds), the marker first."""
+        n = max(0, payload - less)
+        return _udp(dport, (mark + bytes(n))[:n])
+
+    def claiming(less: int = 0) -> bytes:
+        """IPv4 from `src` to an unused address of its own pod (claimed_dst) around udp(less)."""
+        return _ipv4(src, claimed_dst(src), 17, udp(less))
+
+    datagram = udp()
+    claim = claimed_dst(src)
+    eth = dst_mac + src_mac
+    size = 20 + len(datagram)  # the IPv4 packet the plain frame would carry: what follows the EtherType
+    if shape in ("src-peer", "intra-peer"):
+        if peer is None:
+            raise ValueError(f"{shape} needs a pod peer's address and MAC")
+        if shape == "intra-peer":
+            return peer[1] + src_mac + struct.pack("!H", ETH_IPV4) + _ipv4(src, peer[0], 17, datagram)
+        return dst_mac + peer[1] + struct.pack("!H", ETH_IPV4) + claiming()
+    ipv4 = struct.pack("!H", ETH_IPV4)
+    shapes: dict[WireShape, bytes] = {}
+    if shape == "ipv6-ext":
+        # Hop-by-hop, routing (type 0, no segments left) and destination options: 40 + 24 bytes for IPv4's 20.
+        chain = _ipv6_ext(IPV6_ROUTING) + _ipv6_ext(IPV6_DSTOPTS, bytes(6)) + _ipv6_ext(17)
+        shapes[shape] = struct.pack("!H", ETH_IPV6) + _ipv6_header(src, claim, IPV6_HBH, chain + udp(44))
+    elif shape == "ipv6-frag":
+        frag = struct.pack("!BBHI", 17, 0, 1, 0x1234)  # offset 0, more fragments
+        shapes[shape] = struct.pack("!H", ETH_IPV6) + _ipv6_header(src, dst, IPV6_FRAGMENT, frag + udp(28))
+    elif shape == "ipv4-in-ipv6":
+        shapes[shape] = struct.pack("!H", ETH_IPV6) + _ipv6_header(src, claim, 4, claiming(40))
+    elif shape == "mpls":
+        shapes[shape] = struct.pack("!H", ETH_MPLS) + _mpls([16, 17], claiming(8))
+    elif shape == "mpls-mcast":
+        shapes[shape] = struct.pack("!H", ETH_MPLS_MCAST) + _mpls([18], claiming(4))
+    elif shape == "pppoe-session":
+        ppp = struct.pack("!H", 0x0021) + claiming(8)
+        shapes[shape] = struct.pack("!HBBHH", ETH_PPPOE_SESS, 0x11, 0, 0x0001, len(ppp)) + ppp
+    elif shape == "pppoe-discovery":
+        tag = struct.pack("!HH", 0x0103, size - 10) + _filler(mark, size - 10)  # Host-Uniq: the data
+        shapes[shape] = struct.pack("!H", ETH_PPPOE_DISC) + struct.pack("!BBHH", 0x11, 0x09, 0, len(tag)) + tag
+    elif shape == "probe-lookalike":
+        shapes[shape] = ipv4 + _ipv4(src, dst, 17, _probe_lookalike(PROBE_PORT, mark, payload))
+    elif shape == "llc-snap":
+        snap = b"\xaa\xaa\x03\x00\x00\x00" + ipv4
+        shapes[shape] = struct.pack("!H", size) + snap + claiming(8)
+    elif shape == "llc-gap":
+        shapes[shape] = struct.pack("!H", LLC_GAP) + claiming()
+    elif shape == "llc-len-short":
+        shapes[shape] = struct.pack("!H", 46) + b"\x42\x42\x03" + _filler(mark, size - 3)
+    elif shape in ("vlan-stack3", "vlan-9100", "vlan-prio"):
+        tags = {
+            "vlan-stack3": struct.pack("!HHHHHH", ETH_VLAN, VLAN_ID, ETH_VLAN, INNER_VLAN_ID, ETH_VLAN, 300),
+            "vlan-9100": struct.pack("!HH", ETH_QINQ_OLD, VLAN_ID),
+            "vlan-prio": struct.pack("!HH", ETH_VLAN, 7 << 13),
+        }[shape]
+        shapes[shape] = tags + ipv4 + claiming(len(tags))
+    elif shape == "runt":
+        shapes[shape] = ipv4
+    elif shape == "ipv4-bare":
+        shapes[shape] = ipv4 + _ipv4(src, claim, 17, b"")
+    elif shape == "pause":
+        return PAUSE_MAC + src_mac + struct.pack("!H", ETH_MAC_CONTROL) + _mac_control(1, b"\xff\xff", mark, size)
+    elif shape == "pfc":
+        quanta = struct.pack("!H", 0xFF) + b"\xff\xff" * 8  # class-enable vector, then a time per class
+        shapes[shape] = struct.pack("!H", ETH_MAC_CONTROL) + _mac_control(0x0101, quanta, mark, size)
+    elif shape == "lldp":
+        return LLDP_MAC + src_mac + struct.pack("!H", ETH_LLDP) + _lldp(src_mac, mark, size)
+    elif shape == "lldp-unicast":
+        shapes[shape] = struct.pack("!H", ETH_LLDP) + _lldp(src_mac, mark, size)
+    elif shape == "stp":
+        bpdu = b"\x42\x42\x03" + struct.pack("!HBB", 0, 0, 0) + bytes(31)  # configuration BPDU, all zero
+        return STP_MAC + src_mac + struct.pack("!H", size) + bpdu + _filler(mark, size - len(bpdu))
+    elif shape == "src-foreign":
+        return dst_mac + dst_mac + ipv4 + _ipv4(src, dst, 17, datagram)
+    elif shape == "ipv4-bcast-pod":
+        pod_bcast = str(ipaddress.IPv4Address(int(ipaddress.IPv4Address(src)) | 0xFF))
+        shapes[shape] = ipv4 + _ipv4(src, pod_bcast, 17, datagram)
+    elif shape == "ipv4-bcast-all":
+        return BROADCAST + src_mac + ipv4 + _ipv4(src, "255.255.255.255", 17, datagram)
+    elif shape == "arp-request-bcast":
+        request = _arp(1, src, dst, src_mac, bytes(6))
+        return BROADCAST + src_mac + struct.pack("!H", ETH_ARP) + request + _filler(mark, 18)
+    return eth + shapes[shape]
+
+
+def wire_largest_payload(shape: WireShape) -> int:
+    """The largest datagram payload whose frame, shaped as `shape`, a 1500-byte MTU carries (every shape is as
+    long as the plain frame, so the plain frame's: 1472)."""
+    return ETH_MAX - 42
+
+
+def ipv4_packet(src: str, dst: str, proto: int, body: bytes) -> bytes:
+    """An IPv4 packet from `src` to `dst` carrying `body` as protocol `proto`, its header checksum filled in."""
+    return _ipv4(src, dst, proto, body)

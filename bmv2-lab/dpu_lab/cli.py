@@ -89,6 +89,18 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default="auto",
         help="traffic generator: iperf3 where installed (auto, the default), else the built-in one",
     )
+    run.add_argument(
+        "--control-db",
+        metavar="URL",
+        help="real time, a scenario with control_plane.replicas > 1: the PostgreSQL database the replicas share "
+        "(postgresql://USER@HOST:PORT/DB); the run works in a schema of its own there and drops it at the end",
+    )
+    run.add_argument(
+        "--control-db-ctl",
+        metavar="CMD",
+        help="a command that stops and starts that database, run as `CMD stop` and `CMD start` "
+        "(restart-db events; e.g. 'pg_ctlcluster 16 main')",
+    )
     run.set_defaults(handler=_needs_the_extra(_lab_run))
     sweep.set_defaults(handler=_needs_the_extra(_lab_sweep))
 
@@ -150,8 +162,18 @@ def _lab_run(args: argparse.Namespace) -> int:
             )
             return 2
         report = LabRun(
-            scenario, args.out, args.target, traffic, calibrate=not args.no_calibrate, rescale=args.rescale
+            scenario,
+            args.out,
+            args.target,
+            traffic,
+            calibrate=not args.no_calibrate,
+            rescale=args.rescale,
+            control_db=args.control_db,
+            control_db_ctl=args.control_db_ctl,
         ).run()
+    except ConfigError as exc:
+        print(f"dpu-limiter: {exc}", file=sys.stderr)
+        return 2
     except CalibrationError as exc:
         print(f"dpu-limiter: calibration: {exc}", file=sys.stderr)
         return 2
@@ -171,6 +193,12 @@ def _lab_run_virtual(args: argparse.Namespace, scenario: Scenario) -> int:
     if args.target != "embedded":
         print(
             "dpu-limiter: --time virtual runs on the embedded target only (bmv2 has no virtual clock)", file=sys.stderr
+        )
+        return 2
+    if scenario.control_plane.replicas > 1 or args.control_db:
+        print(
+            "dpu-limiter: control_plane.replicas, --control-db: replicas on PostgreSQL run in real time only",
+            file=sys.stderr,
         )
         return 2
     if args.segment_bytes is not None and not 18 <= args.segment_bytes <= 1 << 20:

@@ -356,6 +356,10 @@ class FlowSpec(_Model):
 # What a compromised DPU does to itself (compromise.py).
 CompromiseHow = Literal["raise-meter", "delete-meter", "forward-unclassified", "load-pipeline"]
 
+# Events done to the control plane's replicas and their database (replicas_lab.py; real time only): the
+# real-time runner carries them out itself, the driver never sees them.
+REPLICA_ACTIONS = frozenset({"kill-replica", "restart-db", "cut-replica-db", "start-replicas-at-once"})
+
 
 class EventSpec(_Model):
     """Something done to the system during a phase, `at_s` seconds after the phase's traffic starts.
@@ -365,10 +369,25 @@ class EventSpec(_Model):
     controller (compromise.py; on bmv2, through its Thrift API, without forge: bmv2_firmware.py).
     set-cap: the pod's cap changes to `egress`/`ingress` (its window and burst kept), through the
     control plane's API, as an operator's policy change would.
+
+    With control_plane.replicas > 1 (real time; replicas_lab.py):
+    kill-replica: kill -9 of the replica that is primary for `pod`'s DPUs.
+    restart-db: the database stopped, and started again `down_s` later (`lab run --control-db-ctl`).
+    cut-replica-db: the replica primary for `pod`'s DPUs loses the database for `down_s` (its connections
+    dropped and new ones refused), then gets it back.
+    start-replicas-at-once: `count` new replicas (default 2) started on the database together.
     """
 
     at_s: float = Field(ge=0)
-    action: Literal["restart-dpu", "compromise", "set-cap"]
+    action: Literal[
+        "restart-dpu",
+        "compromise",
+        "set-cap",
+        "kill-replica",
+        "restart-db",
+        "cut-replica-db",
+        "start-replicas-at-once",
+    ]
     dpu: str | None = None
     down_s: float = Field(default=1.0, ge=0, le=600)
     how: CompromiseHow | None = None
@@ -376,6 +395,7 @@ class EventSpec(_Model):
     pod: str | None = None
     egress: float | None = Field(default=None, gt=0)
     ingress: float | None = Field(default=None, gt=0)
+    count: int | None = Field(default=None, ge=1, le=8)
 
     _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
 
@@ -387,12 +407,34 @@ class EventSpec(_Model):
             )
         if self.action != "compromise" and (self.how is not None or self.forge):
             raise ValueError(f"how, forge: only a compromise takes them, not {self.action}")
-        if self.action == "set-cap":
+        if self.count is not None and self.action != "start-replicas-at-once":
+            raise ValueError(f"count: only start-replicas-at-once takes it, not {self.action}")
+        if self.action in REPLICA_ACTIONS:
+            if self.dpu is not None or self.egress is not None or self.ingress is not None:
+                raise ValueError(f"dpu, egress, ingress: {self.action} acts on the control plane and takes none")
+            needs_pod = self.action in ("kill-replica", "cut-replica-db")
+            if needs_pod and self.pod is None:
+                raise ValueError(f"pod: {self.action} needs the pod whose DPUs' primary replica it acts on")
+            if not needs_pod and self.pod is not None:
+                raise ValueError(f"pod: {self.action} acts on no pod's replica; remove pod")
+        elif self.action == "set-cap":
             if self.pod is None or self.egress is None or self.ingress is None:
                 raise ValueError("pod, egress, ingress: set-cap needs all three")
         elif self.dpu is None:
             raise ValueError(f"dpu: {self.action} needs the DPU it acts on")
         return self
+
+
+class ControlPlaneSpec(_Model):
+    """How a real-time run runs the control plane: one `serve` on a SQLite file of the run's own (replicas 1,
+    the default), or `replicas` `serve` processes on one PostgreSQL database (docs/replicas.md), which the
+    run is given (`lab run --control-db URL`). `lease_s` is the DPUs' lease (`serve --lease-s`) and
+    `replica_lease_s` each replica's lease in the database (`--replica-lease-s`); None: serve's defaults."""
+
+    replicas: int = Field(default=1, ge=1, le=8)
+    lease_s: float | None = Field(default=None, gt=0, le=3600)
+    # serve refuses a replica lease of 3 s or less (more than three times its 1 s fencing margin).
+    replica_lease_s: float | None = Field(default=None, gt=3, le=600)
 
 
 # Probes send traffic of their own (part of the pod's cap): a scenario asks for them.
@@ -444,9 +486,11 @@ class Scenario(_Model):
     caps: list[CapSpec]
     phases: list[PhaseSpec] = Field(min_length=1)
     audit: AuditSpec | None = None
+    control_plane: ControlPlaneSpec = Field(default_factory=ControlPlaneSpec)
 
     @model_validator(mode="after")
     def _refs(self) -> Scenario:
+        self._replica_events()
         if self.audit is not None and "probe" in self.audit.checks:
             if len(self.topology.pods) < 2:
                 raise ValueError("audit.checks: a probe needs a second pod to send to")
@@ -471,6 +515,9 @@ class Scenario(_Model):
                 if ev.action == "set-cap":
                     if self.cap_of(str(ev.pod)) is None:
                         raise ValueError(f"phases[{pi}].events[{ei}].pod: {ev.pod!r} has no cap to change")
+                elif ev.action in REPLICA_ACTIONS:
+                    if ev.pod is not None and (ev.pod not in pods or not self.topology.pod(ev.pod).limiters()):
+                        raise ValueError(f"phases[{pi}].events[{ei}].pod: {ev.pod!r} is not a pod with DPUs")
                 elif ev.dpu not in limiters:
                     raise ValueError(f"phases[{pi}].events[{ei}].dpu: unknown DPU {ev.dpu!r} ({sorted(limiters)})")
                 if ev.at_s > ph.duration_s:
@@ -495,6 +542,34 @@ class Scenario(_Model):
                     raise ValueError(f"phases[{pi}].flows[{fi}].name: duplicate flow name {f.name!r}")
                 names.add(f.name)
         return self
+
+    def _replica_events(self) -> None:
+        """Events on replicas need more than one of them, and the audit reads one control plane's API."""
+        replicas = self.control_plane.replicas
+        for pi, ph in enumerate(self.phases):
+            for ei, ev in enumerate(ph.events):
+                if ev.action in REPLICA_ACTIONS and replicas < 2:
+                    raise ValueError(
+                        f"phases[{pi}].events[{ei}].action: {ev.action} needs control_plane.replicas of 2 or more "
+                        f"(got {replicas})"
+                    )
+        if replicas > 1 and self.audit is not None:
+            raise ValueError(
+                "audit: not yet with control_plane.replicas > 1 (the audit reads one control plane's API, which "
+                "counts only the DPUs that replica holds)"
+            )
+
+    def replica_events(self) -> list[tuple[int, EventSpec]]:
+        """The events on replicas and their database, with the index of their phase."""
+        return [(pi, ev) for pi, ph in enumerate(self.phases) for ev in ph.events if ev.action in REPLICA_ACTIONS]
+
+    def without_replica_events(self) -> Scenario:
+        """The scenario as the driver runs it: the real-time runner carries out the replicas' events itself."""
+        phases = [
+            ph.model_copy(update={"events": [e for e in ph.events if e.action not in REPLICA_ACTIONS]})
+            for ph in self.phases
+        ]
+        return self.model_copy(update={"phases": phases})
 
     def _check_claim(self, where: str, f: FlowSpec) -> None:
         """An intra-pod claim must name an unused address of the sender's pod (frames.claimed_dst). Not asked of

@@ -6,6 +6,7 @@ the control plane's API (as a user would), drive traffic, count every frame that
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -38,6 +39,8 @@ from .evaluate import LabDpu
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
+from .replicas_lab import Failover, event_records, markdown
+from .replicas_lab import check as check_replicas
 from .report import Flow, Phase, Report
 from .site import LabSite
 from .site import missing as site_missing
@@ -83,6 +86,14 @@ class LabRun:
     _phase_start: float = 0.0
     _progress: Progress | None = None
     _flows: list[Flow] = field(default_factory=list)
+    # The control plane as replicas on PostgreSQL (scenario control_plane.replicas > 1; replicas_lab.py): the
+    # database's URL, the command that stops and starts it (restart-db), and the replicas with their events.
+    control_db: str | None = None
+    control_db_ctl: str | None = None
+    failover: Failover | None = None
+    _failover_summary: dict[str, Any] | None = None
+    _dpus: list[LabDpu] = field(default_factory=list)
+    _phase_index: int = 0
 
     def run(self) -> Report:
         """Run the scenario end to end."""
@@ -103,6 +114,7 @@ class LabRun:
             raise ConfigError(f"{', '.join(virtual_only)}: modelled in virtual time only for now; use --time virtual")
         check_frame_sizes(sc)
         check_relayed_flows(sc, self.traffic)
+        check_replicas(sc, self.control_db, self.control_db_ctl)
         check_prerequisites()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "raw").mkdir(exist_ok=True)
@@ -120,9 +132,22 @@ class LabRun:
                 self.scenario = scaled(sc, self.calibration.scale, room)
         with _sigterm_as_interrupt():
             try:
-                return asyncio.run(Driver(self.scenario, self, self.out_dir).run())
+                # The replicas' events are this backend's to carry out (replicas_lab.py), not the driver's.
+                report = asyncio.run(Driver(self.scenario.without_replica_events(), self, self.out_dir).run())
             finally:
                 self.cleanup()
+        if self._failover_summary is not None:
+            self._write_failover(self._failover_summary)
+        return report
+
+    def _write_failover(self, summary: dict[str, Any]) -> None:
+        """Add the failover figures to report.json (`failover`) and summary.md, which the driver wrote."""
+        path = self.out_dir / "report.json"
+        doc = json.loads(path.read_text())
+        doc["failover"] = summary
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        with (self.out_dir / "summary.md").open("a") as out:
+            out.write("\n" + markdown(summary))
 
     # ------------------------------------------------------------------ the driver's backend (driver.py)
 
@@ -143,19 +168,29 @@ class LabRun:
         for i, lim in enumerate(self.net.limiters):
             self.targets.append(start_target(lim.name, self.target, i + 1, lim.interfaces(), logs))
         self.say(f"{len(self.targets)} {self.target} targets up")
-        self.api = self._start_control_plane()
-        await self._answering()
-        return self.api, [
+        if sc.control_plane.replicas > 1:
+            assert self.control_db is not None  # check_replicas
+            self.failover = Failover(sc, self.control_db, self.control_db_ctl, logs, self._serve_args(), self.say)
+            self.api = await self.failover.start()
+        else:
+            self.api = self._start_control_plane()
+            await self._answering()
+        self._dpus = [
             LabDpu(lim.name, lim.role, lim.pod, tp.address, tp.device_id, BUFFER_BYTES[tp.kind])
             for tp, lim in zip(self.targets, self.net.limiters, strict=True)
         ]
+        return self.api, self._dpus
 
     async def started(self) -> None:
-        """The boundary capture, a capture on every host interface, and the verifier's live audit."""
+        """The boundary capture, a capture on every host interface, the verifier's live audit, and with replicas
+        the failover watch (once every replica agrees who holds each DPU)."""
         sc = self.scenario
         self._crossed = self._start_boundary()
         self._captures = self._start_captures()
         self.t_start = time.time()
+        if self.failover is not None:
+            # configure() waited for the DPUs of the replica it asked; wait for every replica's.
+            await self.failover.started(self._dpus, self.t_start)
         if sc.audit is not None:
             assert self.net is not None
             self.live = LiveAudit(
@@ -209,11 +244,16 @@ class LabRun:
         self._progress.start()
         self._progress.add_task(phase.name, total=phase.duration_s)
         start = self._phase_start = start_at - self.t_start
+        if self.failover is not None:
+            self.failover.schedule(self._phase_index, start)
+        self._phase_index += 1
         return Phase(phase.name, start, start + phase.duration_s)
 
     async def wait_until(self, t_s: float) -> float:
         """Sleep until `t_s` into the run, moving the phase's progress bar."""
         while (now := time.time() - self.t_start) < t_s:
+            if self.failover is not None:
+                self.failover.tick(now)
             if self._progress is not None and self._phase is not None:
                 task = self._progress.tasks[0].id
                 self._progress.update(task, completed=max(0.0, now - self._phase_start))
@@ -259,6 +299,8 @@ class LabRun:
 
     async def measured(self) -> Measured:
         """Stop the captures, the audit and the crypto engines (each writes its counts as it stops)."""
+        if self.failover is not None:
+            await self.failover.finish_events()
         for _, c in self._captures:
             c.popen.terminate()  # captures run until told to stop; SIGTERM makes them write their counts
         for _, c in self._captures:
@@ -287,8 +329,14 @@ class LabRun:
         )
 
     async def annotate(self, report: Report) -> None:
-        """The calibration this run was checked or scaled against."""
+        """The calibration this run was checked or scaled against; with replicas, the failover figures."""
         report.calibration = self.calibration.as_dict() if self.calibration else None
+        if self.failover is not None:
+            # One replica counts only the DPUs it holds: each pod's counters from a replica that read them all.
+            report.dpu_counters = await self.failover.counters()
+            self._failover_summary = await self.failover.summary()
+            report.events.extend(event_records(self._failover_summary))  # the driver's list: finish() keeps it
+            report.events.sort(key=lambda e: float(e["t_s"]))
         if self.site is not None:
             compromised = [float(e["t_s"]) for e in report.events if e["action"] == "compromise"]
             report.verifier = self.site.finish(min(compromised, default=None))
@@ -300,9 +348,20 @@ class LabRun:
 
     async def close(self) -> None:
         """Stop everything (cleanup)."""
+        if self.failover is not None:
+            await self.failover.close()
         self.cleanup()
 
     # ------------------------------------------------------------------ control plane
+
+    def _serve_args(self) -> list[str]:
+        """serve's options beyond its store and address: read-back periods, and the scenario's DPU lease."""
+        # With an audit, the control plane reads every DPU back (and hashes its pipeline) often enough for
+        # the audit to see a correction by its next tick (audit.read_back_s).
+        every = read_back_s(self.scenario)
+        resync = ["--resync-s", f"{every:g}", "--pipeline-check-s", f"{every:g}"] if every else []
+        lease = self.scenario.control_plane.lease_s
+        return resync + (["--lease-s", f"{lease:g}"] if lease is not None else [])
 
     def _start_control_plane(self) -> str:
         port = free_port()
@@ -310,12 +369,8 @@ class LabRun:
         db = self.out_dir / "raw" / "control-plane.db"
         db.unlink(missing_ok=True)
         log = (self.out_dir / "raw" / "control-plane.log").open("wb")
-        # With an audit, the control plane reads every DPU back (and hashes its pipeline) often enough for
-        # the audit to see a correction by its next tick (audit.read_back_s).
-        every = read_back_s(self.scenario)
-        resync = ["--resync-s", f"{every:g}", "--pipeline-check-s", f"{every:g}"] if every else []
         self.control = subprocess.Popen(
-            [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr, *resync],
+            [sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", str(db), "--listen", addr, *self._serve_args()],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -465,6 +520,9 @@ class LabRun:
                 except subprocess.TimeoutExpired:
                     self.control.kill()
             self.control = None
+        if self.failover is not None:
+            self.failover.cleanup()  # its replicas, forwarders and the run's schema in the database
+            self.failover = None
         for t in self.targets:
             t.stop()
         self.targets.clear()

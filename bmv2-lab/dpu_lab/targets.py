@@ -87,6 +87,9 @@ def target_command(
     ifs = [arg for port, ifname in sorted(interfaces.items()) for arg in ("-i", f"{port}@{ifname}")]
     if kind == "embedded":
         exe = [sys.executable, "-m", "dpu_softswitch.main", *(["--firmware-socket", str(firmware)] if firmware else [])]
+        # The lab's links are Ethernet's: no frame longer than units.MAX_FRAME_BYTES, which every allowance and
+        # buffer_bytes count on (a host's GSO frame would otherwise pass whole; tests/lab/test_redteam_wire.py).
+        exe += ["--max-frame-bytes", str(MAX_FRAME_BYTES)]
     else:
         exe = [bmv2_path(), *bmv2_options(thrift_port)]
     # The limiter reads each DPU's clock through packet I/O on its CPU port (limiter.p4's clock echo).

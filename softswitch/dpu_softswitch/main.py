@@ -23,7 +23,7 @@ from google.protobuf import text_format
 
 from .device import Device
 from .firmware import serve as serve_firmware
-from .ports import RawPorts, parse_interface
+from .ports import MAX_FRAME, RawPorts, parse_interface
 from .server import add_to_server
 from .switch.packet import DROP_PORT
 from .trace import Tracer
@@ -52,6 +52,14 @@ def build_parser(prog: str = "dpu-softswitch") -> argparse.ArgumentParser:
         "--grpc-server-addr", default="0.0.0.0:9559", help="P4Runtime listen address (default 0.0.0.0:9559)"
     )
     ap.add_argument("--no-p4", action="store_true", help="start with no pipeline; a controller sets it")
+    ap.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=MAX_FRAME,
+        metavar="N",
+        help=f"drop received frames longer than N bytes, as a NIC does (64..{MAX_FRAME}; default {MAX_FRAME}: "
+        "none, as simple_switch_grpc); a host's GSO frames reach a packet socket whole",
+    )
     ap.add_argument(
         "--cpu-port",
         type=int,
@@ -137,6 +145,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "dpu-softswitch") -> int
         ap.error("--grpc-server-with-client-auth needs --grpc-server-cacert")
     if args.cpu_port is not None and not 0 < args.cpu_port < DROP_PORT:
         ap.error(f"--cpu-port {args.cpu_port}: must be within 1..{DROP_PORT - 1} (0 is not valid, {DROP_PORT} drops)")
+    if not 64 <= args.max_frame_bytes <= MAX_FRAME:
+        ap.error(f"--max-frame-bytes {args.max_frame_bytes}: must be within 64..{MAX_FRAME}")
     if args.cpu_port in interfaces:  # simple_switch_grpc refuses it too ("Cpu port N is used as a data port")
         ap.error(f"--cpu-port {args.cpu_port} is used as a data port (-i {args.cpu_port}@{interfaces[args.cpu_port]})")
     if args.json and not args.p4info:
@@ -166,7 +176,7 @@ async def _serve(args: argparse.Namespace, interfaces: dict[int, str]) -> int:
     except (RuntimeError, OSError) as exc:
         LOG.error("cannot listen on %s: %s", args.grpc_server_addr, exc)
         return 1
-    ports = RawPorts(interfaces) if interfaces else None
+    ports = RawPorts(interfaces, args.max_frame_bytes) if interfaces else None
     await server.start()
     firmware = await serve_firmware(device, args.firmware_socket) if args.firmware_socket else None
     if ports is not None:

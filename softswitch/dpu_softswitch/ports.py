@@ -51,10 +51,14 @@ def with_vlan_tag(frame: bytes, ancillary: list[tuple[int, int, bytes]]) -> byte
 class RawPorts:
     """Numbered ports bound to interfaces; a thread moves frames through a processor."""
 
-    def __init__(self, interfaces: dict[int, str]) -> None:
+    def __init__(self, interfaces: dict[int, str], max_frame: int = MAX_FRAME) -> None:
         self.interfaces = dict(interfaces)
         self.socks: dict[int, socket.socket] = {}
+        # The longest frame a port takes, as a NIC's largest frame size: the kernel hands a packet socket a
+        # host's GSO frame whole (a veth carries it whatever its MTU), a frame no Ethernet wire carries.
+        self.max_frame = max_frame
         self.rx_frames = 0
+        self.rx_oversize = 0  # frames longer than max_frame, dropped on receipt
         self.tx_frames = 0
         self.tx_errors = 0
         self._stop = threading.Event()
@@ -120,6 +124,9 @@ class RawPorts:
                             continue
                         if anc:
                             data = with_vlan_tag(data, anc)
+                        if len(data) > self.max_frame:
+                            self.rx_oversize += 1
+                            continue
                         self.rx_frames += 1
                         self._forward(process(port, data))
         finally:

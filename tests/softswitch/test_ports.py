@@ -16,7 +16,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Raw
 
-from dpu_softswitch.ports import AUX_SPACE, PACKET_AUXDATA, SOL_PACKET, with_vlan_tag
+from dpu_softswitch.ports import AUX_SPACE, PACKET_AUXDATA, SOL_PACKET, RawPorts, with_vlan_tag
 from helpers.netns import can_netns
 from helpers.p4rt import A_HOST, B_HOST, connect, program_limiter, udp
 from helpers.processes import free_port, start_embedded, stop
@@ -186,3 +186,23 @@ async def test_a_partition_past_the_lease_leaves_the_dpu_at_its_floor(
         control.send_signal(signal.SIGCONT)
         stop(control)
         stop(target)
+
+
+def test_a_frame_longer_than_the_largest_is_dropped_on_receipt(veths: dict[int, tuple[str, str]]) -> None:
+    """--max-frame-bytes, as a NIC's largest frame: a longer frame (a host's GSO frame arrives whole) is dropped and
+    counted; one of the largest size passes."""
+    (a0, p0), (a1, p1) = veths[0], veths[1]
+    for name in (a0, p0):  # the wire could carry longer frames: only the port's own bound drops them
+        subprocess.run(["ip", "link", "set", name, "mtu", "1600"], check=True)
+    ports = RawPorts({0: a0, 1: a1}, max_frame=1518)
+    ports.start(lambda port, data: [(1, data)])
+    try:
+        with _socket(p0) as tx, _socket(p1) as rx:
+            largest, longer = _tagged(1518 - 18 - 28), _tagged(1600 - 28)
+            assert (len(largest), len(longer)) == (1518, 1618)
+            tx.send(largest)
+            tx.send(longer)
+            got = _received(rx)
+        assert got == [largest] and ports.rx_oversize == 1
+    finally:
+        ports.close()

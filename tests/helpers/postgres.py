@@ -13,6 +13,7 @@ import glob
 import itertools
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -94,6 +95,21 @@ class Cluster:
         log = self.root / "postgres.log"
         start = [*self._ctl, "-l", str(log), "-o", self._options, "-w", "-t", "60", "start"]
         subprocess.run(start, check=True, capture_output=True, timeout=90)
+
+    def ctl_script(self, path: Path) -> Path:
+        """A script at `path` that stops (`path stop`) and starts (`path start`) the server, as an operator's
+        pg_ctlcluster would (the lab's --control-db-ctl)."""
+        start = [*self._ctl, "-l", str(self.root / "postgres.log"), "-o", self._options, "-w", "-t", "60", "start"]
+        path.write_text(
+            "#!/bin/sh\n"
+            'case "$1" in\n'
+            f"  stop) exec {shlex.join([*self._ctl, '-m', 'fast', '-w', 'stop'])} ;;\n"
+            f"  start) exec {shlex.join(start)} ;;\n"
+            "esac\n"
+            "exit 2\n"
+        )
+        path.chmod(0o755)
+        return path
 
     def sql(self, url: str, *statements: str) -> None:
         """Run statements on a database behind the control plane's back (as an operator's psql would)."""

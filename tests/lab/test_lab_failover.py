@@ -36,21 +36,7 @@ def cluster() -> Iterator[tuple[postgres.Cluster, Path]]:
     if why := postgres.unavailable():
         pytest.skip(f"replicas on PostgreSQL: {why}")
     with postgres.cluster() as c:
-        bindir = postgres._bin_dir()
-        prefix = " ".join(postgres._run_as()[0])
-        data, log = c.root / "data", c.root / "postgres.log"
-        ctl = c.root / "pgctl.sh"
-        # `start` is pg_ctl's restart: on a stopped server it starts it with the options it last ran with
-        # (postmaster.opts: its port and socket directory), which pg_ctl start would not remember.
-        ctl.write_text(
-            "#!/bin/sh\n"
-            'case "$1" in\n'
-            f"  stop) exec {prefix} {bindir}/pg_ctl -D {data} -m fast -w stop ;;\n"
-            f"  start) exec {prefix} {bindir}/pg_ctl -D {data} -l {log} -w -t 60 restart ;;\n"
-            "esac\n"
-            "exit 2\n"
-        )
-        ctl.chmod(0o755)
+        ctl = c.ctl_script(c.root / "pgctl.sh")
         yield c, ctl
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -61,6 +62,11 @@ def _pg_v2(db: Db) -> None:
     db.execute("CREATE SEQUENCE IF NOT EXISTS election_ids")
 
 
+# A statement that only inserts rows (no ON CONFLICT): its table and columns (names of the store's own).
+_PLAIN_INSERT = re.compile(r"INSERT INTO (\w+)\(([\w, ]+)\) VALUES \([?, ]+\)")
+COPY_FROM = 64  # rows from which such an insert goes as COPY (fewer: the pipelined statements cost as little)
+
+
 @functools.lru_cache(maxsize=256)
 def _pg_sql(sql: str) -> str:
     """The store's SQL (`?` placeholders, as sqlite3 takes them) with psycopg's (%s); no statement of the
@@ -100,8 +106,18 @@ class PgCursor:
         return self._cur.execute(_pg_sql(sql), params)
 
     def executemany(self, sql: str, params: Any, /) -> None:
-        """Run one statement per parameter tuple (psycopg pipelines them: one round trip, not one each)."""
-        self._cur.executemany(_pg_sql(sql), params)
+        """Run one statement per parameter tuple (psycopg pipelines them: one round trip, not one each); a plain
+        INSERT of many rows goes as one COPY."""
+        rows = params if isinstance(params, list) else list(params)
+        plain = _PLAIN_INSERT.fullmatch(sql)
+        if plain is not None and len(rows) >= COPY_FROM:
+            # A fleet's write: COPY took 0.08 s for 20,000 rows here where executemany took 0.57 s, all of it
+            # holding the interpreter lock that the event loop waits for.
+            with self._cur.copy(f"COPY {plain[1]} ({plain[2]}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            return
+        self._cur.executemany(_pg_sql(sql), rows)
 
     def columns(self, table: str) -> set[str]:
         """The table's columns, in the connection's schema."""

@@ -23,7 +23,6 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import DesiredState, InvalidArgument, Pod
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
-from dpu_limiter.store import is_url
 from helpers.paths import ROOT
 from helpers.processes import free_port
 
@@ -92,13 +91,8 @@ async def while_applying(c: LimiterClient, req: pb.ApplyRequest) -> tuple[pb.Wri
 
 
 async def test_a_fleet_apply_leaves_the_server_answering(
-    plane: tuple[ControlPlane, LimiterClient, list[float]], db: str, request: pytest.FixtureRequest
+    plane: tuple[ControlPlane, LimiterClient, list[float]],
 ) -> None:
-    if is_url(db):
-        # Not yet on PostgreSQL (docs/replicas.md, "Not yet"): psycopg's executemany of 20,000 rows took 2.1 s
-        # here and kept the interpreter lock from other threads for up to 0.28 s at a time.
-        why = "PostgreSQL: GetStatus waited 1.2-4.7 s (bound 1 s) while a fleet's rows were stored (executemany)"
-        request.applymarker(pytest.mark.xfail(reason=why, strict=False))
     cp, c, renewals = plane
     req = fleet(PODS, f"127.0.0.1:{free_port()}")
     for attempt in ("first", "again"):

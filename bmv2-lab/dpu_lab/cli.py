@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import grpc
+
     from .config import Scenario
 
 Handler = Callable[[argparse.Namespace], int]
@@ -141,6 +143,8 @@ def _lab_sweep(args: argparse.Namespace) -> int:
 
 
 def _lab_run(args: argparse.Namespace) -> int:
+    import grpc
+
     from .calibrate import CalibrationError
     from .config import ConfigError, load_scenario
     from .netns import NetError
@@ -177,6 +181,9 @@ def _lab_run(args: argparse.Namespace) -> int:
     except CalibrationError as exc:
         print(f"dpu-limiter: calibration: {exc}", file=sys.stderr)
         return 2
+    except grpc.RpcError as exc:  # the control plane refused what the scenario asked (the run cleaned up)
+        print(f"dpu-limiter: {args.scenario}: {_refusal(exc)}; the run was stopped and cleaned up", file=sys.stderr)
+        return 2
     except (NetError, TargetError, TimeoutError, RuntimeError) as exc:
         print(f"dpu-limiter: lab run failed: {exc}", file=sys.stderr)
         return 1
@@ -184,6 +191,16 @@ def _lab_run(args: argparse.Namespace) -> int:
         print("dpu-limiter: interrupted; everything the run created was removed", file=sys.stderr)
         return 130
     return 0 if report.cap_held else 3
+
+
+def _refusal(exc: grpc.RpcError) -> str:
+    """A control plane's refusal as one bounded line: its status code and details."""
+    from dpu_limiter.models import cut
+
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    name = getattr(code, "name", "ERROR")
+    return f"the control plane refused: {name}: {cut(' '.join(str(details or '').split()), 300)}"
 
 
 def _lab_run_virtual(args: argparse.Namespace, scenario: Scenario) -> int:

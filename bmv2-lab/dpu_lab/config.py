@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dpu_limiter.models import NAME_RE, cut, shown
+from dpu_limiter.models import NAME_RE, Cap, InvalidArgument, cut, shown
 from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 from dpu_verifier.checks import AuditCheck
@@ -277,6 +277,14 @@ def _rate(v: Any) -> float | None:
         raise ValueError(str(exc)) from None
 
 
+def control_plane_cap(cap: CapSpec, egress: float, ingress: float) -> None:
+    """Check `cap` at these rates with the control plane's validation (ValueError naming the field)."""
+    try:
+        Cap.validated(Cap(egress, ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode))
+    except InvalidArgument as exc:
+        raise ValueError(str(exc)) from None
+
+
 class CapSpec(_Model):
     """A pod's cap as the scenario sets it (rates accept 20M, 1G, ...)."""
 
@@ -289,6 +297,13 @@ class CapSpec(_Model):
     mode: Literal["rate", "window"] = "rate"
 
     _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
+
+    @model_validator(mode="after")
+    def _as_the_control_plane_takes_it(self) -> CapSpec:
+        # The control plane's own rules (window, rates, burst, mode): a cap it would refuse is refused here,
+        # before the lab builds anything, rather than mid-run.
+        control_plane_cap(self, self.egress, self.ingress)
+        return self
 
     def bucket_bytes(self) -> int:
         """The bucket allowed on top of the rate: its burst (or the default); none in window mode."""
@@ -491,6 +506,7 @@ class Scenario(_Model):
     @model_validator(mode="after")
     def _refs(self) -> Scenario:
         self._replica_events()
+        self._set_caps()
         if self.audit is not None and "probe" in self.audit.checks:
             if len(self.topology.pods) < 2:
                 raise ValueError("audit.checks: a probe needs a second pod to send to")
@@ -582,6 +598,17 @@ class Scenario(_Model):
                 f"{where}: {f.encap} claims {claim}, which is not an unused address of pod {pod.name!r} ({pod.subnet})"
             )
 
+    def _set_caps(self) -> None:
+        """Each set-cap event's cap as the control plane will be asked to take it (its pod's cap, new rates)."""
+        for i, ph in enumerate(self.phases):
+            for j, ev in enumerate(ph.events):
+                cap = self.cap_of(ev.pod) if ev.action == "set-cap" and ev.pod is not None else None
+                if cap is not None and ev.egress is not None and ev.ingress is not None:
+                    try:
+                        control_plane_cap(cap, ev.egress, ev.ingress)
+                    except ValueError as exc:
+                        raise ValueError(f"phases[{i}].events[{j}]: {exc}") from None
+
     def _router_placement(self) -> None:
         """A router's limiter holds its cell's pods as one (routing.py): their caps must add up."""
         caps = {c.pod: c for c in self.caps}
@@ -663,6 +690,12 @@ def load_scenario(path: Path) -> Scenario:
             doc["topology"] = read_yaml(tpath)
         except YamlFileError as exc:
             raise ConfigError(f"{path}: topology: {exc}") from None
+        # Any file parses as something (/etc/shadow's lines as keys): one that is not a topology is refused
+        # naming its path only, so that a scenario cannot make an error repeat what another file holds.
+        tdoc = doc["topology"]
+        if not isinstance(tdoc, dict) or not set(tdoc) <= set(Topology.model_fields):
+            fields = ", ".join(Topology.model_fields)
+            raise ConfigError(f"{path}: topology: {cut(str(tpath), 200)}: not a topology (a YAML mapping of {fields})")
     try:
         return Scenario.model_validate(doc)
     except ValidationError as exc:

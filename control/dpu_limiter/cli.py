@@ -412,7 +412,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 async def _client_cmd(args: argparse.Namespace) -> int:
     from .client import LimiterClient, PodCap, Status, Usage, as_dict
-    from .models import Cap
+    from .models import Cap, shown
     from .tls import TlsFiles
     from .units import UnitError, parse_rate
 
@@ -453,7 +453,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
                         raise
                     old = None
                 if window is None and old is None:
-                    print(f"dpu-limiter: --window: needed, pod {args.pod!r} has no cap yet", file=sys.stderr)
+                    print(f"dpu-limiter: --window: needed, pod {shown(args.pod)} has no cap yet", file=sys.stderr)
                     return 2
                 if old is not None:
                     window = old.window_s if window is None else window
@@ -486,6 +486,8 @@ async def _apply(c: LimiterClient, manifest: Manifest, args: argparse.Namespace)
 
 
 async def _delete(c: LimiterClient, m: Manifest | None, args: argparse.Namespace) -> int:
+    from .models import cut
+
     names: dict[str, list[str]]  # by kind: pods, dpus, caps, routers
     if m is not None:
         # Everything the file names: its routers, caps, DPUs and pods (with their caps).
@@ -499,7 +501,7 @@ async def _delete(c: LimiterClient, m: Manifest | None, args: argparse.Namespace
     else:
         kind = args.kind.rstrip("s") + "s"
         names = {kind: args.names}
-        title = f"{kind} {', '.join(args.names)}"
+        title = f"{kind} {cut(', '.join(args.names))}"  # the names as given may be any length
     try:
         written = await c.delete(
             names.get("pods", ()),

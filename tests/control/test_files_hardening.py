@@ -294,3 +294,22 @@ def test_a_scenario_with_megabyte_values_keeps_its_error_short(tmp_path: Path) -
         load_scenario(path)
     text = str(err.value)
     assert text.startswith(f"{path}: ") and len(text) < 8_000, len(text)
+
+
+def test_cap_set_without_window_cuts_a_long_pod_name(served: tuple[str, dict[str, object]]) -> None:
+    """`cap set` on a pod without a cap names the pod cut to a bounded excerpt, not its whole name."""
+    server, before = served
+    res = run_cli("cap", "set", "p" * 100_000, "--egress", "1G", "--ingress", "1G", "--server", server)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-SHORT:]
+    assert len(res.stderr) < SHORT and "--window" in res.stderr and "100000 chars" in res.stderr, res.stderr[:SHORT]
+    assert stored(server) == before
+
+
+@pytest.mark.parametrize("kind", ["pod", "dpu"])
+def test_delete_cuts_long_names_in_its_error(served: tuple[str, dict[str, object]], kind: str) -> None:
+    """`delete pod|dpu NAMES` refused by the control plane keeps its title bounded and deletes nothing."""
+    server, before = served
+    res = run_cli("delete", kind, "a", "n" * 100_000, "--server", server)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-SHORT:]
+    assert len(res.stderr) < SHORT and "nothing deleted" in res.stderr, res.stderr[:SHORT]
+    assert stored(server) == before

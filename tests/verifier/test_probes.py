@@ -477,3 +477,25 @@ def test_probe_figures_are_re_derived_offline_and_old_bundles_still_verify(tmp_p
     (tmp_path / "b" / BUNDLE_FILE).write_text("\n".join(lines) + "\n")
     check = verify_bundle(tmp_path / "b", pub)
     assert not check.ok and "record 1" in check.problem and "probe-loss fail" in check.problem, check.problem
+
+
+def test_hostile_agent_arguments_are_refused_before_sending(tmp_path: Path) -> None:
+    """Red team, 2026-12-03: --key /dev/zero hung, a 100,000-char --to host raised a UnicodeError, an --out
+    in a missing directory failed after the run, --start-at 1e300 exited 0 having sent nothing."""
+    key = tmp_path / "k"
+    key.write_bytes(b"k" * KEY_BYTES)
+    base = ["probe-agent", "run", "--pod", "a", "--to", "127.0.0.1:9", "--rate", "8M", "--burst-s", "0.2"]
+    base += ["--period-s", "1", "--key", str(key), "--duration", "1"]
+    cli = [sys.executable, "-m", "dpu_limiter.cli"]
+    for args, named in [
+        ([*base, "--key", "/dev/zero"], "key:"),
+        ([*base[:5], "h" * 100_000 + ":9", *base[6:]], "--to"),
+        ([*base, "--out", str(tmp_path / "missing" / "out.json")], "out:"),
+        ([*base, "--out", str(tmp_path)], "out:"),
+        ([*base, "--start-at", "1e300"], "--start-at"),
+        ([*base, "--start-at", "-5"], "--start-at"),
+    ]:
+        r = subprocess.run([*cli, *args], capture_output=True, text=True, check=False, timeout=30)
+        assert r.returncode == 2 and named in r.stderr, (args[-2:], r.stderr[-2000:])
+        assert len(r.stderr) < 2000 and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == [key]

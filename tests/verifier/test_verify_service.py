@@ -132,3 +132,57 @@ def test_the_alert_rules_name_the_verifiers_metrics() -> None:
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
     for metric in ("dpu_verifier_alerts_total", "dpu_verifier_window_held", "dpu_verifier_router_unread_total"):
         assert any(metric in e for e in exprs), metric
+
+
+def _verify_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "dpu_limiter.cli", "verify", "--config", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ({"counter_lag_s": float("nan")}, "counter_lag_s: expected a finite number >= 0, got nan"),
+        ({"counter_lag_s": -5}, "counter_lag_s: expected a finite number >= 0, got -5"),
+        ({"sample_s": float("inf")}, "sample_s: expected a finite number > 0, got inf"),
+        ({"interval_s": "10"}, "interval_s: expected a finite number > 0, got '10'"),
+        ({"metrics": "127.0.0.1"}, "metrics: expected host:port, got '127.0.0.1'"),
+        ({"replicas": ["x" * 100_000]}, "replicas[0]: expected host:port"),
+        ({"checks": ["c" * 100_000]}, "checks: ['cccc"),
+        ({"key": "/nonexistent/verifier.key"}, "key: cannot read '/nonexistent/verifier.key'"),
+        ({"key": "/dev/zero"}, "key: '/dev/zero': not the verifier's key"),
+    ],
+)
+def test_a_bad_number_address_check_or_key_is_refused_before_anything_is_made(
+    tmp_path: Path, edit: dict[str, object], named: str
+) -> None:
+    """Red team, 2026-12-03: each was accepted (then a traceback mid-run, an evidence directory made first) or
+    echoed in full; now a bounded one-line error naming the field, exit 2, and no evidence directory."""
+    path = config(tmp_path, "127.0.0.1:1", 161)
+    doc = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**doc, **edit}))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert named in str(err.value) and len(str(err.value)) < 500, str(err.value)[:500]
+    done = _verify_cli(path)
+    assert done.returncode == 2 and named in done.stderr and len(done.stderr) < 500, done.stderr[-500:]
+    assert not (tmp_path / "evidence").exists()
+
+
+def test_a_hostile_config_file_is_refused_by_the_shared_loader(tmp_path: Path) -> None:
+    """An alias bomb, 3,000 levels of nesting and /dev/zero get the manifests' limits, not a hang or a traceback."""
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(9)
+    )
+    (tmp_path / "bomb.yaml").write_text(bomb + "control_plane: *j\n")
+    (tmp_path / "deep.yaml").write_text("control_plane: " + "[" * 3000 + "]" * 3000 + "\n")
+    for path, named in (
+        (tmp_path / "bomb.yaml", "nodes once aliases are expanded"),
+        (tmp_path / "deep.yaml", "nested deeper than"),
+        (Path("/dev/zero"), "larger than 16777216 bytes"),
+    ):
+        done = _verify_cli(path)
+        assert done.returncode == 2 and named in done.stderr, done.stderr[-500:]
+        assert len(done.stderr) < 500 and "Traceback" not in done.stderr

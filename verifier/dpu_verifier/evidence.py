@@ -247,9 +247,21 @@ def generate_key(path: Path) -> Path:
     return pub
 
 
+MAX_KEY_FILE_BYTES = 64 * 1024  # an Ed25519 PEM is under 200 bytes: /dev/zero or a wrong file stops here
+
+
+def read_key_file(path: Path) -> bytes:
+    """A key file's bytes, at most MAX_KEY_FILE_BYTES (ValueError beyond, OSError if unreadable)."""
+    with path.open("rb") as f:
+        data = f.read(MAX_KEY_FILE_BYTES + 1)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    return data
+
+
 def load_signer(path: Path) -> CryptoSigner:
     """The verifier's signer from its private key file (PEM, Ed25519)."""
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    key = serialization.load_pem_private_key(read_key_file(path), password=None)
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise ValueError(f"{path}: not an Ed25519 private key")
     return CryptoSigner(key)
@@ -257,7 +269,7 @@ def load_signer(path: Path) -> CryptoSigner:
 
 def load_public_key(path: Path) -> SSlibKey:
     """A public key file (PEM) as DSSE verification takes it."""
-    key = serialization.load_pem_public_key(path.read_bytes())
+    key = serialization.load_pem_public_key(read_key_file(path))
     if not isinstance(key, ed25519.Ed25519PublicKey):
         raise ValueError(f"{path}: not an Ed25519 public key")
     return SSlibKey.from_crypto(key)

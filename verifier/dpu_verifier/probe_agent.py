@@ -27,6 +27,7 @@ from .probes import (
     ProbeSchedule,
     ProbeSink,
     check_pod,
+    check_start_at,
     generate_key,
     load_key,
     quote,
@@ -34,12 +35,17 @@ from .probes import (
     wire_bytes,
 )
 
+MAX_HOST_CHARS = 253  # a DNS name's most (RFC 1035); addresses are shorter
+
 
 def _host_port(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not host or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 1..65535), got {quote(text)}")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    if len(host) > MAX_HOST_CHARS:  # no name or address is longer; the resolver would fail on it with a UnicodeError
+        raise argparse.ArgumentTypeError(f"host: at most {MAX_HOST_CHARS} characters, got {quote(text)}")
+    return host, int(port)
 
 
 def _rate(text: str) -> float:
@@ -137,6 +143,10 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # checked before sending: a run's record must not be lost at its end
+        problem = _unwritable(args.out)
+        if problem:
+            return _fail("probe-agent run", ProbeError(f"out: {quote(str(args.out))}: {problem}"))
     try:
         cfg = AgentConfig(
             pod=args.pod,
@@ -153,28 +163,44 @@ def _run(args: argparse.Namespace) -> int:
         socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_DGRAM)
     except ProbeError as exc:
         return _fail("probe-agent run", exc)
-    except OSError as exc:
-        return _fail("probe-agent run", ProbeError(f"to: cannot resolve {quote(cfg.host)}: {exc}"))
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA cannot encode (an empty label)
+        return _fail("probe-agent run", ProbeError(f"to: cannot resolve {quote(cfg.host)}: {quote(str(exc))}"))
     result = run_agent(cfg, _stop_on_signals())
     if args.out is not None:
         tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(result)) + "\n")
-        os.replace(tmp, args.out)
+        try:
+            tmp.write_text(json.dumps(asdict(result)) + "\n")
+            os.replace(tmp, args.out)
+        except OSError as exc:  # removed or filled since the check
+            return _fail("probe-agent run", ProbeError(f"out: cannot write {quote(str(args.out))}: {exc.strerror}"))
     return 0
+
+
+def _unwritable(out: Path) -> str:
+    """Why `out` (and its .tmp beside it) cannot be written, or "" if it can."""
+    parent = out.parent
+    if out.is_dir():
+        return "is a directory"
+    if not parent.is_dir():
+        return f"directory {quote(str(parent))} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"directory {quote(str(parent))} is not writable"
+    return ""
 
 
 def _sink(args: argparse.Namespace) -> int:
     try:
         if not args.period_s > 0:
             raise ProbeError(f"period_s: must be > 0, got {quote(args.period_s)}")
-        schedule = ProbeSchedule(args.start_at, args.period_s)
+        schedule = ProbeSchedule(check_start_at(args.start_at, args.period_s), args.period_s)
         rx = ProbeReceiver(check_pod(args.pod), load_key(args.key), args.listen[1], schedule)
         sink = ProbeSink()
         sink.listen(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), args.listen[0], rx)
     except ProbeError as exc:
         return _fail("probe-sink", exc)
-    except OSError as exc:
-        return _fail("probe-sink", ProbeError(f"listen: cannot bind {args.listen[0]}:{args.listen[1]}: {exc.strerror}"))
+    except (OSError, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else quote(str(exc))
+        return _fail("probe-sink", ProbeError(f"listen: cannot bind {quote(args.listen[0])}:{args.listen[1]}: {why}"))
     stop, end = _stop_on_signals(), math.inf if args.duration is None else args.start_at + args.duration
     k, refused = 0, 0
     try:

@@ -47,6 +47,10 @@ HEAD = struct.Struct("!4sB")  # magic, pod name length
 BODY = struct.Struct("!IIdIQI")  # burst, seq, sent, previous burst: datagrams, payload bytes, span (us)
 PORT = struct.Struct("!H")  # the destination port, under the tag only (a datagram redirected fails)
 UDP_WIRE_OVERHEAD = 8 + 20 + 14  # UDP + IPv4 (no options) + Ethernet: what a datagram costs on the wire
+MAX_BURST = 0xFFFFFFFF  # bursts are numbered in a u32 (and NO_REPORT is its largest value)
+# An agent waits at most this long for its first burst: a --start-at further ahead is a mistake (1e300 would
+# wait for ever, sending nothing, and exit 0 as if it had run).
+MAX_START_AHEAD_S = 366 * 86400
 NO_REPORT = 0xFFFFFFFF  # "previous burst: not sent by this agent" (it started after it)
 # Linux's SO_TIMESTAMPNS (asm-generic/socket.h; Python's socket module does not name it): when the kernel
 # received each datagram, as a timespec. Judging by it makes the judgement independent of when we read.
@@ -90,6 +94,19 @@ def check_pod(pod: str) -> str:
     return pod
 
 
+def check_start_at(start_at: float, period_s: float, now: float | None = None) -> float:
+    """`start_at` if bursts from it can be sent now or within MAX_START_AHEAD_S, numbered in a u32; else ProbeError."""
+    now = time.time() if now is None else now
+    if not math.isfinite(start_at) or not 0 <= start_at <= now + MAX_START_AHEAD_S:
+        why = f"must be a UNIX time from 0 to {MAX_START_AHEAD_S // 86400} days from now"
+        raise ProbeError(f"start_at (--start-at): {why}, got {quote(start_at)}")
+    if (now - start_at) / period_s >= MAX_BURST:  # the burst field would overflow: nothing could be sent
+        raise ProbeError(
+            f"start_at (--start-at): more than {MAX_BURST} periods of {period_s:g} s ago, got {quote(start_at)}"
+        )
+    return start_at
+
+
 # ---------------------------------------------------------------------------------------------- keys
 
 
@@ -104,7 +121,8 @@ def generate_key(path: Path) -> Path:
 def load_key(path: Path) -> bytes:
     """A probe key file's 32 bytes (ProbeError naming the file otherwise)."""
     try:
-        key = path.read_bytes()[: KEY_BYTES + 1]
+        with path.open("rb") as f:  # one byte past a key is enough to refuse it: /dev/zero is not read for ever
+            key = f.read(KEY_BYTES + 1)
     except OSError as exc:
         raise ProbeError(f"key: cannot read {quote(str(path))}: {exc.strerror}") from None
     if len(key) != KEY_BYTES:
@@ -250,6 +268,7 @@ class AgentConfig:
                 raise ProbeError(f"{name}: must be a finite number > 0, got {quote(value)}")
         if self.burst_s >= self.period_s:
             raise ProbeError(f"burst_s: {self.burst_s} must be shorter than period_s ({self.period_s})")
+        check_start_at(self.start_at, self.period_s)
         if not 1 <= self.port <= 65535:
             raise ProbeError(f"port: must be 1..65535, got {quote(self.port)}")
         if not min_payload(self.pod) <= self.size <= MAX_UDP_PAYLOAD:

@@ -23,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from cryptography.exceptions import UnsupportedAlgorithm
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import cut, shown
 from dpu_limiter.units import MAX_FRAME_BYTES, UnitError, parse_rate
+from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
 from .api_view import ApiView
 from .checks import CHECKS, AuditCheck, Auditor, CapScope, Probe
+from .evidence import load_public_key, load_signer
 from .probes import (
     Pending,
     ProbeError,
@@ -117,18 +120,45 @@ def _field(doc: dict[str, Any], name: str, kind: type, where: str = "") -> Any:
     return value
 
 
-def _number(doc: dict[str, Any], name: str, where: str, default: float | None = None, least: float = 0.0) -> float:
-    value = doc.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= least:
-        raise ConfigError(f"{where}{name}: expected a finite number > {least:g}, got {str(value)[:80]!r}")
+def _number(
+    doc: dict[str, Any], name: str, where: str = "", default: float | None = None, zero_ok: bool = False
+) -> float:
+    """A finite number > 0 (>= 0 with `zero_ok`): every numeric field of the config goes through here."""
+    value: Any = doc.get(name, default)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{where}{name}: expected a finite number {'>=' if zero_ok else '>'} 0, got {shown(value)}")
     return float(value)
+
+
+def _host_port(value: Any, name: str) -> str:
+    """`value` if it is host:port with a port 0..65535 (ConfigError naming `name` otherwise)."""
+    _, sep, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) <= 65535):
+        raise ConfigError(f"{name}: expected host:port, got {shown(value)}")
+    return value
 
 
 def _replicas(doc: Any) -> tuple[str, ...]:
     """`replicas`: the control plane's other replicas, a list of host:port."""
-    if not isinstance(doc, list) or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in doc):
-        raise ConfigError(f"replicas: expected a list of host:port, got {str(doc)[:80]!r}")
-    return tuple(doc)
+    if not isinstance(doc, list):
+        raise ConfigError(f"replicas: expected a list of host:port, got {shown(doc)}")
+    return tuple(_host_port(a, f"replicas[{i}]") for i, a in enumerate(doc))
+
+
+def _signing_key(value: Any) -> Path:
+    """`key`: the verifier's private key, read and checked (with its KEY.pub) before anything is made."""
+    key = Path(value)
+    pub = key.with_name(key.name + ".pub")  # what the bundle is checked with when it closes
+    for path, load in ((key, load_signer), (pub, load_public_key)):
+        try:
+            load(path)
+        except OSError as exc:
+            raise ConfigError(f"key: cannot read {shown(str(path))}: {exc.strerror or exc}") from None
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            why = cut(str(exc).partition("\n")[0] or type(exc).__name__)
+            raise ConfigError(f"key: {shown(str(path))}: not the verifier's key (evidence keygen): {why}") from None
+    return key
 
 
 def _probes(doc: Any) -> ProbesConfig:
@@ -142,7 +172,7 @@ def _probes(doc: Any) -> ProbesConfig:
     if burst_s >= period_s:
         raise ConfigError(f"probes.burst_s: {burst_s:g} must be shorter than period_s ({period_s:g})")
     size = doc.get("size", ProbesConfig.size)
-    skew = _number(doc, "clock_skew_s", where, ProbesConfig.clock_skew_s, least=-1e-12)
+    skew = _number(doc, "clock_skew_s", where, ProbesConfig.clock_skew_s, zero_ok=True)
     pods = []
     for name, p in _field(doc, "pods", dict, where).items():
         at = f"probes.pods.{str(name)[:40]}."
@@ -170,9 +200,9 @@ def _probes(doc: Any) -> ProbesConfig:
 def load_config(path: Path) -> VerifyConfig:
     """Read and check a verifier config (YAML); errors name the file, the field and the value."""
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        doc = read_yaml(path)  # the one hardened loader: size, depth, aliases and duplicate keys bounded
+    except YamlFileError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping at the top")
     try:
@@ -189,20 +219,26 @@ def load_config(path: Path) -> VerifyConfig:
                 raise ConfigError(f"{where}ports: expected a mapping of interface names to pods")
             name = _field(r, "name", str, where)
             routers.append(RouterConfig(name, host, int(port), _field(r, "community", str, where), dict(ports)))
-        checks = tuple(doc.get("checks", VerifyConfig.checks))
+        checks = doc.get("checks", VerifyConfig.checks)
+        if not isinstance(checks, list | tuple) or not checks:
+            raise ConfigError(f"checks: expected a list of {', '.join(CHECKS)}, got {shown(checks)}")
         unknown = [c for c in checks if c not in CHECKS]
-        if unknown or not checks:
-            raise ConfigError(f"checks: {unknown or checks!r}: each must be one of {', '.join(CHECKS)}")
+        if unknown:
+            raise ConfigError(f"checks: {shown(unknown)}: each must be one of {', '.join(CHECKS)}")
+        metrics = doc.get("metrics", "")
+        evidence = Path(_field(doc, "evidence", str))
+        if evidence.exists() and not evidence.is_dir():
+            raise ConfigError(f"evidence: {shown(str(evidence))} is not a directory")
         config = VerifyConfig(
             control_plane=_field(doc, "control_plane", str),
             routers=tuple(routers),
-            evidence=Path(_field(doc, "evidence", str)),
-            key=Path(_field(doc, "key", str)),
-            interval_s=float(doc.get("interval_s", VerifyConfig.interval_s)),
-            sample_s=float(doc.get("sample_s", VerifyConfig.sample_s)),
-            checks=checks,  # type: ignore[arg-type]  # each checked above
-            metrics=str(doc.get("metrics", "")),
-            counter_lag_s=float(doc.get("counter_lag_s", VerifyConfig.counter_lag_s)),
+            evidence=evidence,
+            key=_signing_key(_field(doc, "key", str)),
+            interval_s=_number(doc, "interval_s", default=VerifyConfig.interval_s),
+            sample_s=_number(doc, "sample_s", default=VerifyConfig.sample_s),
+            checks=tuple(checks),
+            metrics="" if metrics in ("", None) else _host_port(metrics, "metrics"),
+            counter_lag_s=_number(doc, "counter_lag_s", default=VerifyConfig.counter_lag_s, zero_ok=True),
             probes=None if doc.get("probes") is None else _probes(doc["probes"]),
             replicas=_replicas(doc.get("replicas", [])),
         )
@@ -211,7 +247,7 @@ def load_config(path: Path) -> VerifyConfig:
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {cut(str(exc), 200)}") from None
     if not (math.isfinite(config.interval_s) and config.interval_s >= MIN_INTERVAL_S):
         raise ConfigError(f"{path}: interval_s: must be >= {MIN_INTERVAL_S:g} s, got {config.interval_s!r}")
     if not (math.isfinite(config.sample_s) and 0 < config.sample_s <= config.interval_s):

@@ -22,7 +22,14 @@ LAB = ROOT / "bmv2-lab" / "dpu_lab"
 VERIFIER = ROOT / "verifier" / "dpu_verifier"
 FIRST_PARTY = {"dpu_limiter", "dpu_softswitch", "dpu_lab", "dpu_verifier"}
 # What the verifier may use of the control plane: its client, models and units, as any site's tool would.
-CONTROL_PUBLIC = {"dpu_limiter", "dpu_limiter.client", "dpu_limiter.models", "dpu_limiter.units"}
+# (yamlfile: the one loader of files, with its limits, that the verifier's config goes through; it trusts nothing.)
+CONTROL_PUBLIC = {
+    "dpu_limiter",
+    "dpu_limiter.client",
+    "dpu_limiter.models",
+    "dpu_limiter.units",
+    "dpu_limiter.yamlfile",
+}
 BMV2_OWN = {"bm_runtime"}  # bmv2's Thrift client, which comes with bmv2 (bmv2_firmware.py finds it)
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -106,7 +113,7 @@ def installed_modules(requirements: list[str]) -> set[str]:
 def test_each_package_needs_only_what_it_installs() -> None:
     """`pip install .` brings every module the control plane and the target import; `.[lab]` the lab's, and
     `.[cluster]` what the lab's sweeps import only when handed to a cluster, `.[postgres]` what the store
-    imports only for a postgresql:// database."""
+    imports only for a postgresql:// database (and the lab only for replicas on one, --control-db)."""
     core = PYPROJECT["project"]["dependencies"]
     # The lab's own requirements; it also installs the verifier's ("dpu-limiter[verify]").
     lab = [r for r in PYPROJECT["project"]["optional-dependencies"]["lab"] if requirement_name(r) != "dpu-limiter"]
@@ -121,7 +128,7 @@ def test_each_package_needs_only_what_it_installs() -> None:
     assert "dpu-limiter[verify]" in PYPROJECT["project"]["optional-dependencies"]["lab"]
     for folders, requirements in (
         ((CONTROL, TARGET), core + postgres),
-        ((LAB,), core + verify + lab + cluster),
+        ((LAB,), core + verify + lab + cluster + postgres),
         ((VERIFIER,), core + verify),
     ):
         modules = allowed | installed_modules(requirements)

@@ -369,7 +369,7 @@ class LeaseReader:
     def __init__(self, dpu: LabDpu, schema: P4Schema) -> None:
         self.dpu = dpu
         self.channel = grpc.aio.insecure_channel(dpu.address)
-        self.stub = p4r_grpc.P4RuntimeStub(self.channel)  # type: ignore[no-untyped-call]
+        self.p4runtime = p4r_grpc.P4RuntimeStub(self.channel)  # type: ignore[no-untyped-call]
         entity = P4TableEntry(dp.TABLE_LEASE, is_default_action=True).encode(schema)
         self.request = p4r.ReadRequest(device_id=dpu.device_id, entities=[entity])
         self.lease_action = schema.actions[dp.ACTION_LEASE].id
@@ -386,7 +386,7 @@ class LeaseReader:
         """(generation, deadline on the DPU's clock, us) of its lease; (0, 0) for no lease (the floor);
         None when it could not be read."""
         try:
-            entities = [e async for reply in self.stub.Read(self.request, timeout=1.0) for e in reply.entities]
+            entities = [e async for reply in self.p4runtime.Read(self.request, timeout=1.0) for e in reply.entities]
         except (grpc.aio.AioRpcError, TimeoutError):
             return None
         if not entities:
@@ -400,7 +400,8 @@ class LeaseReader:
     async def lease_drops(self) -> dict[str, int] | None:
         """Bytes the DPU dropped for want of a lease, per direction, from its own counters (None: unread)."""
         try:
-            entities = [e async for reply in self.stub.Read(self.drops_request, timeout=5.0) for e in reply.entities]
+            replies = self.p4runtime.Read(self.drops_request, timeout=5.0)
+            entities = [e async for reply in replies for e in reply.entities]
         except (grpc.aio.AioRpcError, TimeoutError):
             return None
         out = {self.drop_cells[e.counter_entry.index.index]: e.counter_entry.data.byte_count for e in entities}

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import postgres  # noqa: E402
 from helpers.p4rt import lease_entry, schema  # noqa: E402
-from helpers.processes import free_port, wait_port  # noqa: E402
+from helpers.processes import free_port, stop, wait_port  # noqa: E402
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 # Where a takeover's CPU goes: the first phase (in this order) with a key in any frame of a stack (profile()).
@@ -84,16 +84,6 @@ def start_host(n: int, calls: Path | None = None) -> tuple[subprocess.Popen[byte
     return host, addresses, origins
 
 
-def stop_host(host: subprocess.Popen[bytes]) -> None:
-    """Stop the targets' process (SIGTERM, then SIGKILL)."""
-    host.terminate()
-    try:
-        host.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        host.kill()
-        host.wait(timeout=10)
-
-
 def start_replicas(
     url: str, ids: Sequence[str], logs: Path, extra: Sequence[str] = ()
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
@@ -115,15 +105,11 @@ def start_replicas(
 
 def stop_replicas(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     """SIGTERM every replica still running (they stop writing and give their leases up); SIGKILL laggards."""
-    for p in procs.values():
+    for p in procs.values():  # all at once: each waits for the others' leases no longer than its own
         if p.poll() is None:
             p.terminate()
     for p in procs.values():
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        stop(p, timeout=30)
 
 
 def fleet(
@@ -338,7 +324,7 @@ async def run(
                 s.kill()
                 s.wait(timeout=10)
         stop_replicas(procs)
-        stop_host(host)
+        stop(host, timeout=60)
 
 
 def main() -> None:

@@ -51,11 +51,12 @@ import finsy as fy
 import grpc
 from convergence import BURST_PER_DPU, ROUNDS, Figures, baseline, converge, cpu_s, fmt
 from finsy.proto import p4r, p4r_grpc
-from replica_failover import caps, fleet, start_host, start_replicas, stop_host, stop_replicas, wait_fleet
+from replica_failover import caps, fleet, start_host, start_replicas, stop_replicas, wait_fleet
 
 from dpu_limiter import dataplane as dp
 from dpu_limiter.client import LimiterClient
 from helpers import postgres  # on the path once replica_failover is imported
+from helpers.processes import stop
 
 SHARES = (1e9, 0.5e9)  # every DPU's share, alternately, as convergence.py changes it
 POLL_S = 0.05  # how often each replica's GetStatus is asked while a change converges
@@ -200,7 +201,7 @@ def main() -> int:
                 singles.append(single(addresses, host.pid))
                 lines.append(sqlite_line(*singles[-1]))
         finally:
-            stop_host(host)
+            stop(host, timeout=60)
     floor = statistics.mean(f.floor for f, _ in singles)
     base = statistics.mean(b for _, b in singles if not math.isnan(b)) if singles else math.nan
     for fig, load in pgs:

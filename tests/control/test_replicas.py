@@ -38,7 +38,7 @@ from dpu_softswitch.server import Device, P4RuntimeService, add_to_server
 from helpers import postgres
 from helpers.p4rt import lease_entry, schema
 from helpers.postgres import Cluster
-from helpers.processes import free_port, wait_port
+from helpers.processes import free_port, stop, wait_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -392,7 +392,7 @@ async def test_two_replicas_started_at_once_on_a_fresh_database_both_serve(pg_ur
         assert [proc.poll() for proc in procs] == [None, None]
     finally:
         for proc in procs:
-            stop_process(proc)
+            stop(proc, timeout=15)
     for r in ("r1", "r2"):
         log = (tmp_path / f"{r}.log").read_text()
         assert "Traceback" not in log, log
@@ -404,17 +404,6 @@ def serve_command(url: str, port: int, replica: str) -> list[str]:
         *(sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", url, "--listen", f"127.0.0.1:{port}"),
         *("--replica-id", replica, "--replica-lease-s", str(REPLICA_LEASE_S), "--lease-s", str(LEASE_S)),
     ]
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (a serve process stops and leaves), then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 async def _refusal(c: LimiterClient, write: Callable[[LimiterClient], object]) -> tuple[grpc.StatusCode, str]:
@@ -596,7 +585,7 @@ async def test_no_acknowledged_write_is_lost_when_a_replica_or_the_database_is_k
                 stored = {p: (await c2.get_pod_cap(p)).cap.egress_bps for p in acked}
         finally:
             for proc in procs.values():
-                stop_process(proc)
+                stop(proc, timeout=15)
         records = read_audit(url)
         for pod in acked:
             logged = [round(r.payload["egress_bps"] - 1e6) for r in records if r.object == f"pod/{pod}/cap"]

@@ -70,12 +70,12 @@ def start_embedded(
     return proc
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate a process this test started (by its handle), killing it if it lingers."""
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Terminate a process this test started (by its handle), killing it if it lingers past `timeout` seconds."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

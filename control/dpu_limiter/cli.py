@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from .manifest import Manifest
 
 from . import display
-from .units import DEFAULT_LEASE_S, MAX_INSTALLS, MAX_RECONCILES, PIPELINE_CHECK_S, REPLICA_LEASE_S, RESYNC_S
+from .units import (
+    BACKUP_STREAMS,
+    DEFAULT_LEASE_S,
+    MAX_INSTALLS,
+    MAX_RECONCILES,
+    PIPELINE_CHECK_S,
+    REPLICA_LEASE_S,
+    RESYNC_S,
+)
 
 DEFAULT_SERVER = "127.0.0.1:50100"
 # Commands of other packages (the lab's `lab`): each entry point of this group names a function that
@@ -136,6 +144,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         default=REPLICA_LEASE_S,
         help="with a postgresql:// --db, this replica's lease in the database: the others take its DPUs this long "
         f"after it stops renewing (default {REPLICA_LEASE_S:g} s)",
+    )
+    serve.add_argument(
+        "--backup-streams",
+        type=int,
+        default=BACKUP_STREAMS,
+        metavar="N",
+        help="with a postgresql:// --db, how many replicas after each pod's holder (the next in line to take it "
+        "over) keep a backup stream to its DPUs, so that a takeover needs no new connection "
+        f"(default {BACKUP_STREAMS}; 0: none)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -292,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         replica_id=args.replica_id,
                         advertise=args.advertise,
                         replica_lease_s=args.replica_lease_s,
+                        backup_streams=args.backup_streams,
                     ),
                     args.metrics_listen,
                     tls,

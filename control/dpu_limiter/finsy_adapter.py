@@ -10,7 +10,10 @@ retries, typed entities. Three things it has no public hook for are reached thro
 - reads whose entities stay protobuf messages (decoding them to finsy entities only to encode them
   again costs a fleet's reconciles dearly): the switch's `_p4client.request_iter`;
 - the pipeline config itself, read back and pushed again: `Switch._get_pipeline_config_request` and
-  `_set_pipeline_config_request`.
+  `_set_pipeline_config_request`;
+- a new bid on a stream already open (a replica's backup stream taking its DPU over, `bid`): the
+  switch's `_arbitrator` (its election ids and `_send`), replaced by one whose standby never asks to be
+  primary on its own (`_request_primary`).
 
 pyproject.toml pins finsy to the versions these were checked on, and tests/control/test_finsy_adapter.py
 fails when a name in RELIED_ON is gone, before anything subtler does.
@@ -26,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import finsy as fy
+from finsy.p4arbitrator import Arbitrator
 from finsy.p4client import P4Client
 from finsy.p4schema import P4ConfigResponseType
 from finsy.proto import p4r
@@ -40,11 +44,14 @@ RELIED_ON: tuple[tuple[type, str], ...] = (
     (fy.Switch, "_get_pipeline_config_request"),
     (fy.Switch, "_set_pipeline_config_request"),
     (P4Client, "request_iter"),
+    (Arbitrator, "_send"),
+    (Arbitrator, "_request_primary"),
 )
 # Attributes of instances (made in their __init__) set here or read.
 RELIED_ON_INSTANCE: tuple[tuple[type, tuple[str, ...]], ...] = (
-    (fy.Switch, ("_options", "_p4schema", "_p4client")),
+    (fy.Switch, ("_options", "_p4schema", "_p4client", "_arbitrator")),
     (P4Client, ("_complete_request",)),
+    (Arbitrator, ("initial_election_id", "election_id", "is_primary")),
 )
 
 
@@ -55,11 +62,28 @@ def schema(program: dp.ProgramFiles) -> fy.P4Schema:
     return fy.P4Schema(program.p4info, program.bmv2_json.read_bytes())
 
 
+class StandbyArbitrator(Arbitrator):  # type: ignore[misc]
+    """finsy's arbitrator, except that a standby switch never asks to be primary on its own.
+
+    finsy does when the DPU says there is no primary (simple_switch_grpc, once the primary's stream
+    closes, names the highest backup primary with a lower id, which finsy takes for "none"), and bids the
+    last primary's id: a holder whose stream broke and comes back with that id would find it taken, and
+    stay a backup while the standby, which writes nothing, keeps the DPU until its lease lapses."""
+
+    async def _request_primary(self, switch: fy.Switch) -> None:
+        if not getattr(switch, "standby", False):
+            await super()._request_primary(switch)
+
+
 class DpuSwitch(fy.Switch):  # type: ignore[misc]
     """finsy's Switch, pushing its pipeline (on connecting, when the cookie differs) in an install slot,
     telling `on_install` each time a pipeline was loaded (the DPU's tables, meters and registers start
     afresh) and `on_failure` why a connection ended. Every connection attempt waits for its turn of
-    `connects` (shared by a control plane's agents)."""
+    `connects` (shared by a control plane's agents).
+
+    A `standby` switch (a replica's backup stream) loads no pipeline, even when the DPU makes it primary
+    (its holder gone, the highest election id left is primary): it writes nothing until it bids (`bid`).
+    """
 
     def __init__(
         self,
@@ -77,12 +101,16 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         super().__init__(name, address, dataclasses.replace(options, p4info=None, p4blob=None))
         self._options = options
         self._p4schema = copy.copy(schema(program))
+        self._arbitrator = StandbyArbitrator(options.initial_election_id, options.role_name, options.role_config)
         self.installs = installs
         self.on_failure = on_failure
         self.on_install = on_install
         self.connects = connects or Pacer()
+        self.standby = False
 
     async def _set_pipeline(self) -> None:
+        if self.standby:
+            return
         async with self.installs:
             await super()._set_pipeline()
 
@@ -100,6 +128,25 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         except Exception as exc:  # finsy logs it and connects again: the agent's status says why meanwhile
             self.on_failure(exc)
             raise
+
+
+async def bid(sw: DpuSwitch, election_id: int) -> bool:
+    """Bid `election_id` on the switch's open stream (it stops being a standby); whether it was sent.
+
+    The DPU answers on the stream; finsy then calls the ready handler again as primary, also when the switch
+    was primary already under its old id (the holder gone, a standby is the highest left): it is told it is
+    not until the answer comes, and no write goes out under an id the DPU does not know yet. A switch
+    without an open stream bids nothing: its next connection bids `election_id` (the caller may also start
+    another)."""
+    arbitrator = sw._arbitrator
+    arbitrator.initial_election_id = election_id  # what every later connection bids
+    sw.standby = False
+    if not sw.is_up:
+        return False
+    arbitrator.election_id = election_id
+    arbitrator.is_primary = False
+    await arbitrator._send(sw)
+    return True
 
 
 def client(sw: fy.Switch) -> P4Client:

@@ -117,8 +117,12 @@ class DpuAgent:
         leased_before: bool = False,
         hold_until: float = -math.inf,
         clock: Clock = WALL,
+        standby: bool = False,
     ) -> None:
         self.dpu = dpu
+        # A replica's backup stream to a DPU another replica holds: connected, writing nothing, until it
+        # takes the DPU over (take_over).
+        self.standby = standby
         self.clock = clock  # the policy's time: leases, holds, read-back and pipeline-check periods
         self.slots = slots or Slots()
         self.resync_s = resync_s  # read-back period when nothing changes
@@ -135,7 +139,7 @@ class DpuAgent:
         self._restored_at = -math.inf  # when the pipeline was last reinstalled for unreadable state
         self._checked_at = self.clock.monotonic()  # when the pipeline was last hashed (connecting installs it)
         self._program, self._election_id, self._tls = program, election_id, tls
-        self._switch: fy.Switch | None = None  # made when the agent starts (start)
+        self._switch: DpuSwitch | None = None  # made when the agent starts (start)
         self._task: asyncio.Task[None] | None = None
         self.created = self.clock.monotonic()
         self.down_since = self.created  # when the agent last had no connection (started, or lost it)
@@ -209,7 +213,27 @@ class DpuAgent:
             self._state_lost,
             self.slots.connects,
         )
+        self._switch.standby = self.standby
         self._task = asyncio.create_task(self._run(), name=f"agent-{self.dpu.name}")
+
+    @property
+    def up(self) -> bool:
+        """Whether its P4Runtime stream is open (arbitration done)."""
+        return self._switch is not None and self._switch.is_up
+
+    async def take_over(self, election_id: int, leased_before: bool, hold_until: float) -> bool:
+        """A standby's: hold its DPU from now on, bidding `election_id` on the open stream (the DPU's answer
+        makes it primary, and it reconciles as a new connection would); whether it could (without an open
+        stream it cannot: the caller starts another agent). The rest as the constructor's arguments."""
+        self.standby = False
+        self._leased_before = self._lease_out = leased_before
+        self._hold_until = hold_until
+        self._election_id = election_id
+        try:
+            return self._switch is not None and await finsy_adapter.bid(self._switch, election_id)
+        except Exception as exc:  # the stream broke as we bid: another agent connects afresh
+            LOG.warning("%s: bidding on the backup stream failed: %s", self.dpu.name, exc)
+            return False
 
     async def stop(self) -> None:
         """Cancel the agent and close its connection."""
@@ -275,6 +299,8 @@ class DpuAgent:
             LOG.error("agent %s stopped: %s", self.dpu.name, exc)
 
     async def _ready(self, sw: fy.Switch) -> None:
+        if self.standby:  # primary or not (the highest id left once the holder is gone), it writes nothing
+            return
         self.status.connected = True
         self.status.primary = sw.is_primary
         if not sw.is_primary:

@@ -7,8 +7,9 @@ go to one replica, so that a pod's share moves (shrink some DPUs before growing 
 When the live set changes, a replica lets go of the pods it no longer holds (without flooring them: the
 next holder renews their leases) and takes the ones it now holds, with agents that bid a fresh election id
 from the database's sequence: higher than any earlier holder's, so the DPU makes the newcomer primary and
-refuses a stale holder's writes (fencing). The others keep no stream to a DPU they do not hold (no backup
-stream in this step): a takeover opens one, which costs one connection per DPU at takeover time.
+refuses a stale holder's writes (fencing). The replica that would take a pod over if its holder left (the next
+in the pod's rendezvous order; `backups` of them) keeps a backup stream to each of its DPUs, bidding below
+every holder and writing nothing: a takeover bids on the stream already open instead of connecting.
 
 A replica that cannot renew its lease stops writing to every DPU before its lease could have ended by the
 database's clock: measured from the local monotonic time at which its last successful renewal was sent,
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -33,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 from .service import LimiterService
 from .store import Store
-from .units import POLL_S, REPLICA_LEASE_S
+from .units import BACKUP_STREAMS, POLL_S, REPLICA_LEASE_S
 
 LOG = logging.getLogger(__name__)
 
@@ -41,11 +43,19 @@ MAX_CLOCK_DRIFT = 1e-3  # how much faster our monotonic clock may run than the d
 FENCE_MARGIN_S = 1.0  # time left, before the lease could end, to stop every agent
 
 
-def owner(key: str, replicas: Sequence[str]) -> str:
-    """The replica that holds `key` (a pod's name): the one with the highest hash of (replica, key).
+def ranking(key: str, replicas: Sequence[str]) -> list[str]:
+    """The replicas in `key`'s (a pod's name) order: by the hash of (replica, key), highest first. The first
+    holds the key; when it leaves, the next does.
 
     Rendezvous hashing: when a replica joins or leaves, only the keys it gains or held move."""
-    return max(replicas, key=lambda r: (hashlib.blake2b(f"{r}\0{key}".encode(), digest_size=8).digest(), r))
+    return sorted(
+        replicas, key=lambda r: (hashlib.blake2b(f"{r}\0{key}".encode(), digest_size=8).digest(), r), reverse=True
+    )
+
+
+def owner(key: str, replicas: Sequence[str]) -> str:
+    """The replica that holds `key` (the first in its ranking)."""
+    return ranking(key, replicas)[0]
 
 
 def default_id() -> str:
@@ -64,9 +74,13 @@ class Replicas:
         address: str,
         lease_s: float = REPLICA_LEASE_S,
         poll_s: float = POLL_S,
+        backups: int = BACKUP_STREAMS,
     ) -> None:
         if not lease_s > 3 * FENCE_MARGIN_S:
             raise ValueError(f"replica lease: must be more than {3 * FENCE_MARGIN_S:g} s, got {lease_s!r}")
+        if backups < 0:
+            raise ValueError(f"backup streams: must be 0 or more, got {backups!r}")
+        self.backups = backups  # how many replicas after each pod's holder keep backup streams to its DPUs
         self.service = service
         # A connection of its own (made by `registry`): a fleet's long write on the service's must not hold
         # a renewal back.
@@ -99,7 +113,7 @@ class Replicas:
     async def start(self) -> None:
         """Join (the first renewal must succeed), decide what this replica holds, and start the service on it."""
         await self._renew()
-        self.service.owns, self.service.holder = self._placement()
+        self.service.owns, self.service.holder, self.service.backs = self._placement()
         self.service.read_head = lambda: self._store().log_head()
         self.service.election_id = await self._election_id()
         self.fenced = False
@@ -149,14 +163,20 @@ class Replicas:
     async def _election_id(self) -> int:
         return await asyncio.to_thread(self._store().next_election_id) + self.service.settings.election_id
 
-    def _placement(self) -> tuple[Callable[[str], bool], Callable[[str], str]]:
-        """From the live set: whether this replica holds a pod, and which replica (at which address) does."""
+    def _placement(self) -> tuple[Callable[[str], bool], Callable[[str], str], Callable[[str], bool]]:
+        """From the live set: whether this replica holds a pod, which replica (at which address) does, and
+        whether this one keeps backup streams to its DPUs (it is among the `backups` next in line)."""
         ids, live = sorted(self.live), dict(self.live)
+
+        @functools.cache  # asked per DPU at every write and read; the answer changes only with the live set
+        def rank(pod: str) -> int:
+            order = ranking(pod, ids)
+            return order.index(self.id) if self.id in order else len(order)
 
         def holder(pod: str) -> str:
             return f"{(r := owner(pod, ids))} at {live.get(r, '?')}" if ids else "none"
 
-        return (lambda pod: owner(pod, ids) == self.id), holder
+        return (lambda pod: rank(pod) == 0), holder, (lambda pod: 0 < rank(pod) <= self.backups)
 
     async def _poll(self) -> None:
         """Every poll_s: renew when due (else read the live set) and read the change log's head; the follower
@@ -196,8 +216,8 @@ class Replicas:
                         continue  # not renewed since: the poll says when
                     self._rejoin, self.fenced = False, False
                     live = sorted(self.live)
-                    owns, holder = self._placement()
-                    taken, let_go = await self.service.hold_only(owns, holder, self._election_id)
+                    owns, holder, backs = self._placement()
+                    taken, let_go = await self.service.hold_only(owns, holder, self._election_id, backs)
                     held = live if not self.fenced else []
                     self.takeovers += taken
                     if taken or let_go:

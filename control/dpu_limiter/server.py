@@ -76,6 +76,7 @@ class ControlPlane:
                     s.advertise or self.address,
                     s.replica_lease_s,
                     s.replica_poll_s,
+                    s.backup_streams,
                 )
             except ValueError:
                 self.store.close()

@@ -65,6 +65,15 @@ STALE_TRIES = 5  # plans of one write against a state another replica changed me
 PLAN_LOCK_WAIT_S = 10.0  # how long a write waits for another replica's plan and commit (the planning lock)
 
 
+def _never(pod: str) -> bool:
+    """No pod (a control plane alone keeps no backup stream; a fenced replica holds nothing)."""
+    return False
+
+
+async def _false() -> bool:
+    return False
+
+
 StatusSnapshot = tuple[list[tuple[str, "DpuAgent | None"]], set[str], bool]
 
 
@@ -101,6 +110,10 @@ class LimiterService:
         # holds a pod it does not ("" here), for status and usage.
         self.owns: Callable[[str], bool] = lambda pod: True
         self.holder: Callable[[str], str] = lambda pod: ""
+        # And to the DPUs of which pods it keeps a backup stream (a standby agent): those it would take over
+        # if their holder left. Alone: none.
+        self.backs: Callable[[str], bool] = _never
+        self.standbys: dict[str, DpuAgent] = {}
         # How a read learns the change log's head as committed now: replicas read it on a connection of their
         # own, so that a read does not wait for this replica's own long write on the store's (its lock).
         self.read_head: Callable[[], tuple[int, str]] = store.log_head
@@ -155,6 +168,7 @@ class LimiterService:
         DPUs start at the shares last granted and grow only then.
         """
         await self._adopt([p for p in self.state.pods if self.owns(p)])
+        await self._sync_standbys()
         if self.rebalance_loop:
             self._rebalancer = asyncio.create_task(self._rebalance_loop(self.rebalance_interval_s))
         if self.lease_loop:
@@ -173,8 +187,9 @@ class LimiterService:
             self._rebalancer.cancel()
         if self._leaser is not None:
             self._leaser.cancel()
-        await asyncio.gather(*(a.stop() for a in self.agents.values()))
+        await asyncio.gather(*(a.stop() for a in [*self.agents.values(), *self.standbys.values()]))
         self.agents.clear()
+        self.standbys.clear()
         self._sorted = None
         if gc.get_freeze_count():
             gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
@@ -198,7 +213,8 @@ class LimiterService:
             if name in names:
                 self._lease_holds[name] = mono + (until - wall)
                 LOG.warning("%s: a window change's hold is running: no lease for %.1f s", name, until - wall)
-        for k, name in enumerate(sorted(names), 1):
+        taken = await self._take_standbys(names)
+        for k, name in enumerate(sorted(names - taken), 1):
             if self.owns(self.state.dpus[name].pod):  # not fenced meanwhile (replicas.py)
                 self._start_agent(self.state.dpus[name])
             if k % BATCH == 0:
@@ -208,19 +224,25 @@ class LimiterService:
         self._start_agents()
 
     async def hold_only(
-        self, owns: Callable[[str], bool], holder: Callable[[str], str], election_id: Callable[[], Awaitable[int]]
+        self,
+        owns: Callable[[str], bool],
+        holder: Callable[[str], str],
+        election_id: Callable[[], Awaitable[int]],
+        backs: Callable[[str], bool],
     ) -> tuple[int, int]:
-        """Hold the pods `owns` says (replicas.py); returns how many DPUs were taken over and let go.
+        """Hold the pods `owns` says (replicas.py), and keep backup streams to those `backs` says; returns how
+        many DPUs were taken over and let go.
 
         A DPU let go is not floored: the replica that takes it renews its lease. One taken gets an agent
         bidding a fresh `election_id()` (larger than any the database gave before), so that the DPU makes it
-        primary over any earlier holder that still writes, and refuses that one's writes.
+        primary over any earlier holder that still writes, and refuses that one's writes: its standby agent,
+        bidding on the stream it has open, or a new one.
         """
         fences = self._fences
         async with self._lock:
             if self._fences != fences:  # fenced while waiting for the lock: the lease this was for may end
                 return 0, 0
-            self.owns, self.holder = owns, holder
+            self.owns, self.holder, self.backs = owns, holder, backs
             self._sorted = None
             gone = [a for a in self.agents.values() if not owns(a.dpu.pod)]
             await self._let_go(gone)
@@ -228,15 +250,18 @@ class LimiterService:
             if pods:
                 self.election_id = await election_id()
                 await self._adopt(pods)
+            await self._sync_standbys()
             return sum(len(self._indexed()[1].get(p, ())) for p in pods), len(gone)
 
     async def fence(self) -> None:
         """Stop writing to every DPU now (replicas.py: this replica's lease may end). Without the lock: a
         write may hang on the database meanwhile, and DPUs are left alone whatever it does then."""
-        self.owns = lambda pod: False
+        self.owns = _never
         self.holder = lambda pod: "unknown: this replica lost the database"
+        self.backs = _never
         self._fences += 1
-        await self._let_go(list(self.agents.values()))
+        await self._let_go(list(self.agents.values()))  # (forgets them at once, before stopping them)
+        await self._sync_standbys()
 
     async def _let_go(self, agents: list[DpuAgent]) -> None:
         """Stop agents without flooring their DPUs, and forget their pods' passes (another replica holds them)."""
@@ -255,8 +280,72 @@ class LimiterService:
         self._sorted = None
         await asyncio.gather(*(a.stop() for a in agents))
 
+    async def _sync_standbys(self) -> None:
+        """Keep a standby agent (a backup stream) to every DPU of the pods `backs` says that this replica does
+        not hold, and none to others (a DPU changed gets a new one)."""
+        if self.backs is _never and not self.standbys:
+            return
+        st, backs = self.state, self.backs
+        gone = [
+            a for n, a in self.standbys.items() if n in self.agents or st.dpus.get(n) != a.dpu or not backs(a.dpu.pod)
+        ]
+        for a in gone:
+            del self.standbys[a.dpu.name]
+        for name, dpu in st.dpus.items():
+            if name not in self.standbys and name not in self.agents and backs(dpu.pod):
+                self.standbys[name] = agent = self._agent(dpu, standby=True)
+                self._to_start.append(agent)
+        self._start_agents()
+        await asyncio.gather(*(a.stop() for a in gone))
+
+    async def _take_standbys(self, names: set[str]) -> set[str]:
+        """Make the standby agents of `names` (DPUs this replica now holds) their holders, bidding this replica's
+        election id on the streams they have open; the names taken so. A standby without an open stream
+        stops: the caller starts a new agent for its DPU."""
+        standbys = [a for n in sorted(names) if (a := self.standbys.pop(n, None)) is not None]
+        if not standbys:
+            return set()
+        took = await asyncio.gather(
+            *(
+                a.take_over(
+                    self.election_id,
+                    leased_before=self.shares.get(a.dpu.name) is not None,
+                    hold_until=self._lease_holds.pop(a.dpu.name, -math.inf),
+                )
+                if self.state.dpus.get(a.dpu.name) == a.dpu
+                else _false()
+                for a in standbys
+            )
+        )
+        for a, ok in zip(standbys, took, strict=True):
+            if ok:
+                self._hold(a)
+        await asyncio.gather(*(a.stop() for a, ok in zip(standbys, took, strict=True) if not ok))
+        return {a.dpu.name for a, ok in zip(standbys, took, strict=True) if ok}
+
     def _start_agent(self, dpu: Dpu) -> None:
         """Make `dpu`'s agent now; its connection is opened soon after, in the background (a few at a time)."""
+        agent = self._agent(
+            dpu,
+            # A share granted before (stored, or this control plane's) may have come with a lease.
+            leased_before=self.shares.get(dpu.name) is not None,
+            hold_until=self._lease_holds.pop(dpu.name, -math.inf),
+        )
+        self._hold(agent)
+        self._to_start.append(agent)
+
+    def _hold(self, agent: DpuAgent) -> None:
+        """Make `agent` its DPU's holder here: told of what it applies and holds, renewing its lease."""
+        name = agent.dpu.name
+        agent.on_applied = functools.partial(self._aged, name)
+        agent.on_hold = functools.partial(self._hold_lease, name)
+        self.agents[name] = agent
+        self._sorted = None
+
+    def _agent(
+        self, dpu: Dpu, leased_before: bool = False, hold_until: float = -math.inf, standby: bool = False
+    ) -> DpuAgent:
+        """An agent (not started) keeping `dpu` to what the state and its share say."""
 
         def intent() -> tuple[int, dp.Intent]:
             st = self.state
@@ -268,25 +357,23 @@ class LimiterService:
                 return st.generation, dp.intent_for(dpu, None, None, lease)
             return st.generation, dp.intent_for(dpu, st.pods.get(dpu.pod), cap, lease, self._peers(dpu.pod))
 
-        agent = DpuAgent(
+        return DpuAgent(
             dpu,
             self.program,
             intent,
-            self.election_id,
+            # A standby bids below every holder (they bid the database's fresh number above the configured
+            # id, 2^40; standbys the number alone): the DPU makes it primary only when no holder is connected,
+            # and then it writes nothing.
+            max(1, self.election_id - self.settings.election_id) if standby else self.election_id,
             self.p4runtime_tls,
             self.resync_s,
             self.pipeline_check_s,
             self.slots,
-            # A share granted before (stored, or this control plane's) may have come with a lease.
-            leased_before=self.shares.get(dpu.name) is not None,
-            hold_until=self._lease_holds.pop(dpu.name, -math.inf),
+            leased_before=leased_before,
+            hold_until=hold_until,
             clock=self.clock,
+            standby=standby,
         )
-        agent.on_applied = functools.partial(self._aged, dpu.name)
-        agent.on_hold = functools.partial(self._hold_lease, dpu.name)
-        self.agents[dpu.name] = agent
-        self._sorted = None
-        self._to_start.append(agent)
 
     def _hold_lease(self, name: str, until: float) -> None:
         """Store a DPU's lease hold (until: monotonic) for a control plane started before it ends."""
@@ -311,7 +398,8 @@ class LimiterService:
         while self._to_start:
             for _ in range(min(START_BATCH, len(self._to_start))):
                 agent = self._to_start.popleft()
-                if self.agents.get(agent.dpu.name) is agent:  # not gone (deleted, or changed) meanwhile
+                name = agent.dpu.name
+                if agent in (self.agents.get(name), self.standbys.get(name)):  # not gone (deleted, changed) meanwhile
                     agent.start()
                     started += 1
             await asyncio.sleep(0)
@@ -905,6 +993,7 @@ class LimiterService:
                 # _grow_after stays: a pod made again under this name, or over its prefixes under another,
                 # must wait for what the old one did.
         self._start_agents()
+        await self._sync_standbys()
 
     async def _floor(self, agents: list[DpuAgent], timeout: float = 5.0) -> list[bool]:
         """Grant each agent's DPU nothing (its floor); whether each confirmed it within `timeout`
@@ -962,9 +1051,9 @@ class LimiterService:
         for name, a in agents:  # in order of name (status_snapshot)
             if a is None:  # another replica holds it: its GetStatus says how it is
                 holder = self.holder(d.pod) if (d := self.state.dpus.get(name)) is not None else ""
-                out.append(
-                    DpuState(name, False, False, False, f"held by replica {holder}", 0, 0, "", ELSEWHERE, 0, 0, 0, "")
-                )
+                standby = self.standbys.get(name)
+                note = f"held by replica {holder}" + ("; a backup stream from here" if standby and standby.up else "")
+                out.append(DpuState(name, False, False, False, note, 0, 0, "", ELSEWHERE, 0, 0, 0, ""))
                 continue
             st = a.status
             error, converged, applied = st.last_error, st.converged, st.generation_applied

@@ -9,7 +9,7 @@ from .clock import WALL, Clock
 from .dataplane import ProgramFiles
 from .reconciler import ELECTION_ID, Concurrency
 from .tls import TlsFiles
-from .units import DEFAULT_LEASE_S, PIPELINE_CHECK_S, POLL_S, REPLICA_LEASE_S, RESYNC_S
+from .units import BACKUP_STREAMS, DEFAULT_LEASE_S, PIPELINE_CHECK_S, POLL_S, REPLICA_LEASE_S, RESYNC_S
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,10 @@ class Settings:
     concurrency: Concurrency = field(default_factory=Concurrency)  # DPUs worked on at once
     clock: Clock = WALL  # the policy's time: leases, holds, periods (a simulation gives its own)
     # Replicas (PostgreSQL only: replicas.py): this one's id ("": host, process id and a random part), the API
-    # address the others name it by ("": the one it listens on), its lease in the database, how often it polls.
+    # address the others name it by ("": the one it listens on), its lease in the database, how often it polls,
+    # and how many replicas after each pod's holder keep backup streams to its DPUs.
     replica_id: str = ""
     advertise: str = ""
     replica_lease_s: float = REPLICA_LEASE_S
     replica_poll_s: float = POLL_S
+    backup_streams: int = BACKUP_STREAMS

@@ -35,6 +35,7 @@ DEFAULT_LEASE_S = 30.0
 # move after at most this long, well within a third of a DPU's lease), and how often each reads the live
 # replicas and the change log's head.
 REPLICA_LEASE_S = 6.0
+BACKUP_STREAMS = 1  # replicas after each pod's holder that keep backup streams to its DPUs (the next in line)
 POLL_S = 0.2
 # How much slower than the control plane's a DPU's clock may run (a crystal's tolerance, with room):
 # a lease's deadline on the DPU's clock is placed this much early, so that it never ends later than

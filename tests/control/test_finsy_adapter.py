@@ -9,6 +9,7 @@ from importlib.metadata import version
 
 import finsy as fy
 import pytest
+from finsy.p4arbitrator import Arbitrator
 from packaging.specifiers import SpecifierSet
 
 from dpu_limiter import finsy_adapter
@@ -22,7 +23,12 @@ def test_a_relied_on_finsy_name_is_there(cls: type, name: str) -> None:
 
 def test_instances_still_have_the_attributes_relied_on() -> None:
     for cls, names in finsy_adapter.RELIED_ON_INSTANCE:
-        made = cls("probe", "127.0.0.1:1") if cls is fy.Switch else cls("127.0.0.1:1")
+        if cls is fy.Switch:
+            made = fy.Switch("probe", "127.0.0.1:1")
+        elif cls is Arbitrator:
+            made = Arbitrator(1)
+        else:
+            made = cls("127.0.0.1:1")
         for name in names:
             assert hasattr(made, name), f"finsy {version('finsy')}: {cls.__name__}().{name} is gone"
 

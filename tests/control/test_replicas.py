@@ -16,8 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -26,180 +25,32 @@ from finsy import P4MeterConfig, P4MeterEntry
 from finsy.p4client import P4ClientError
 
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.models import Cap, Dpu, Pod, Role
+from dpu_limiter.models import Dpu, Pod
 from dpu_limiter.replicas import owner
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
-from dpu_limiter.settings import Settings
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
-from dpu_limiter.units import CPU_PORT
-from dpu_softswitch.server import Device, P4RuntimeService, add_to_server
 from helpers import postgres
-from helpers.p4rt import lease_entry, schema
 from helpers.postgres import Cluster
 from helpers.processes import free_port, stop, wait_port
+from helpers.replica_fleet import (
+    CAP,
+    LEASE_S,
+    REPLICA_LEASE_S,
+    LapseWatch,
+    fleet,
+    holders,
+    pods_for,
+    replicas,
+    settings,
+    settled,
+    settled_fleet,
+    targets,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(240)
-
-LEASE_S = 15.0  # the DPUs' lease: renewed every 5 s, so a takeover must come within 10 s of a holder's end
-REPLICA_LEASE_S = 4.0  # a replica's lease in the database
-CAP = Cap(8e6, 8e6, 10.0, 100_000)
-
-
-class Target:
-    """An embedded target in this process, served on loopback, with its P4Runtime service (its streams)."""
-
-    def __init__(self, device: Device, server: grpc.aio.Server, service: P4RuntimeService, address: str) -> None:
-        self.device, self.server, self.service, self.address = device, server, service, address
-
-    def primaries(self) -> list[int]:
-        """The election ids of the streams the target takes as primary (at most one)."""
-        streams = self.service.streams
-        top = max((s.election_id for s in streams), default=None)
-        return [s.election_id for s in streams if s.election_id == top]
-
-    def lease_left_us(self) -> int:
-        """How long the lease the target holds runs on (us, on its own clock; <= 0: lapsed or none)."""
-        pipeline = self.device.pipeline
-        if pipeline is None:
-            return 0
-        [entity] = pipeline.read(lease_entry(schema(), 0, 0))
-        params = {p.param_id: int.from_bytes(p.value, "big") for p in entity.table_entry.action.action.params}
-        return params.get(2, 0) - self.device.clock.now_us()
-
-
-@contextlib.asynccontextmanager
-async def targets(n: int) -> AsyncIterator[list[Target]]:
-    """`n` embedded targets in this process, each with its CPU port (the clock echo)."""
-    out = []
-    try:
-        for _ in range(n):
-            device = Device(1, cpu_port=CPU_PORT)
-            server = grpc.aio.server()
-            service = add_to_server(server, device)
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            out.append(Target(device, server, service, f"127.0.0.1:{port}"))
-        yield out
-    finally:
-        await asyncio.gather(*(t.server.stop(grace=0) for t in out))
-
-
-def settings(replica_id: str) -> Settings:
-    """A replica's settings in these tests."""
-    return Settings(lease_s=LEASE_S, replica_id=replica_id, replica_lease_s=REPLICA_LEASE_S)
-
-
-@contextlib.asynccontextmanager
-async def replicas(url: str, ids: list[str]) -> AsyncIterator[dict[str, ControlPlane]]:
-    """Control planes on one database, started at once, stopped at the end (those still running)."""
-    planes = {r: ControlPlane(url, "127.0.0.1:0", settings=settings(r)) for r in ids}
-    try:
-        await asyncio.gather(*(p.start() for p in planes.values()))
-        yield planes
-    finally:
-        await asyncio.gather(*(p.stop() for p in planes.values() if p.replicas is not None and p.replicas._tasks))
-
-
-def pods_for(ids: list[str], per_replica: int) -> list[str]:
-    """Pod names that rendezvous hashing spreads over `ids`, `per_replica` each (so that every replica holds
-    some; which one holds which is still the replicas' own work)."""
-    picked: dict[str, list[str]] = {r: [] for r in ids}
-    k = 0
-    while any(len(v) < per_replica for v in picked.values()):
-        name = f"pod-{k}"
-        if len(picked[who := owner(name, sorted(ids))]) < per_replica:
-            picked[who].append(name)
-        k += 1
-    return sorted(p for v in picked.values() for p in v)
-
-
-async def fleet(c: LimiterClient, pods: list[str], ts: list[Target]) -> dict[str, Target]:
-    """One write: each pod with a capped uplink DPU on its own target; returns the targets by DPU name."""
-    dpus = {f"dpu-{p}": t for p, t in zip(pods, ts, strict=True)}
-    await c.apply(
-        pods=[Pod(p, (f"10.{i}.0.0/24",)) for i, p in enumerate(pods)],
-        dpus=[Dpu(f"dpu-{p}", t.address, 1, p, Role.POD_UPLINK, 0, 1) for p, t in zip(pods, ts, strict=True)],
-        caps=dict.fromkeys(pods, CAP),
-    )
-    return dpus
-
-
-@contextlib.asynccontextmanager
-async def settled_fleet(
-    url: str, ids: list[str], per_replica: int, through: str
-) -> AsyncIterator[tuple[dict[str, ControlPlane], dict[str, Target], list[str]]]:
-    """Replicas `ids` on one database and a fleet of `per_replica` pods each written through replica `through`,
-    once every DPU is held once, primary and converged: (the replicas, the targets by DPU, the pods)."""
-    pods = pods_for(ids, per_replica)
-    async with targets(len(pods)) as ts, replicas(url, ids) as planes:
-        async with LimiterClient(planes[through].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once, primary and converged")
-        yield planes, dpus, pods
-
-
-def holders(planes: dict[str, ControlPlane]) -> dict[str, list[str]]:
-    """Which replicas have an agent for each DPU."""
-    out: dict[str, list[str]] = {}
-    for r, p in planes.items():
-        for name in p.service.agents:
-            out.setdefault(name, []).append(r)
-    return out
-
-
-def settled(planes: dict[str, ControlPlane], dpus: dict[str, Target]) -> bool:
-    """Every DPU held by exactly one replica, the one rendezvous hashing over `planes` gives its pod, whose agent
-    is the DPU's only primary and has converged with a lease."""
-    held, ids = holders(planes), sorted(planes)
-    for name, t in dpus.items():
-        if held.get(name, []) != [owner(name.removeprefix("dpu-"), ids)]:
-            return False
-        agent = planes[held[name][0]].service.agents[name]
-        if not (agent.status.primary and agent.status.converged and agent.status.lease_generation is not None):
-            return False
-        if t.primaries() != [agent.switch.election_id]:
-            return False
-    return True
-
-
-async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Wait until `check()` holds (polling); the seconds it took."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
-
-
-class LapseWatch:
-    """Samples every target's lease while it runs: the least lease left ever seen (us)."""
-
-    def __init__(self, dpus: dict[str, Target]) -> None:
-        self.dpus = dpus
-        self.least: dict[str, int] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            for name, t in self.dpus.items():
-                left = t.lease_left_us()
-                self.least[name] = min(self.least.get(name, left), left)
-            await asyncio.sleep(0.05)
-
-    def __enter__(self) -> LapseWatch:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-
-    def lapsed(self) -> list[str]:
-        """The DPUs whose lease ran out at some sample."""
-        return sorted(n for n, left in self.least.items() if left <= 0)
 
 
 async def test_replicas_spread_the_dpus_and_each_has_one_primary(pg_url: str) -> None:
@@ -282,14 +133,41 @@ async def test_a_killed_serve_process_s_dpus_move_before_any_lease_lapses(pg_url
 
                 await until(lambda: len(theirs_held()) == 2, 60, "r2 (the process) holds its DPUs")
                 await until(lambda: all(t.lease_left_us() > 0 for t in dpus.values()), 60, "every DPU leased")
+            # r1, next in line for r2's pods, keeps a backup stream to their DPUs (below r2's election id).
+            standbys = planes["r1"].service.standbys
+            theirs = theirs_held()
+            await until(lambda: all(n in standbys and standbys[n].up for n in theirs), 30, "r1's backup streams")
+            before = {n: standbys[n] for n in theirs}
+            low = {n: a.switch.election_id for n, a in before.items()}
+            deadline: dict[str, int] = {}
+            written_as_standby: list[str] = []
+            promoted: set[str] = set()
+
+            def taken_over() -> bool:
+                # Once r2's streams close, each DPU makes r1's standby primary (the highest id left): it must
+                # write nothing (no lease placed) until r1's lease-based takeover bids a fresh id on it.
+                for n in theirs:
+                    if dpus[n].primaries() == [low[n]]:
+                        promoted.add(n)
+                        if dpus[n].lease_deadline_us() != deadline[n]:
+                            written_as_standby.append(n)
+                return settled(planes, dpus)
+
             with LapseWatch(dpus) as watch:
                 await asyncio.sleep(1.0)
                 os.kill(proc.pid, signal.SIGKILL)
+                deadline.update((n, dpus[n].lease_deadline_us()) for n in theirs)
                 proc.wait(timeout=10)
-                took = await until(lambda: settled(planes, dpus), 3 * LEASE_S, "r1 holds every DPU")
+                took = await until(taken_over, 3 * LEASE_S, "r1 holds every DPU")
                 await asyncio.sleep(1.0)
             assert watch.lapsed() == [], watch.least
-            print(f"2 DPUs of a killed serve process primary on r1 and converged in {took:.2f} s")
+            assert written_as_standby == [] and promoted == set(theirs)  # (seen for seconds before the takeover)
+            # Taken over on the streams open before the kill: the same agents, bidding anew, the only streams.
+            for n in theirs:
+                agent = planes["r1"].service.agents[n]
+                assert agent is before[n] and not agent.standby
+                assert [s.election_id for s in dpus[n].service.streams] == [agent.switch.election_id] != [low[n]]
+            print(f"2 DPUs of a killed serve process primary on r1 (its backup streams) and converged in {took:.2f} s")
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -1,0 +1,186 @@
+"""A fleet of embedded targets held by replicas in this process, for the replica tests (tests/control).
+
+Real parts: embedded P4Runtime targets served on loopback, control planes on one PostgreSQL database
+(the caller's throwaway cluster), all in the test's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Cap, Dpu, Pod, Role
+from dpu_limiter.replicas import owner
+from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
+from dpu_limiter.units import CPU_PORT
+from dpu_softswitch.server import Device, P4RuntimeService, add_to_server
+from helpers.p4rt import lease_entry, schema
+
+LEASE_S = 15.0  # the DPUs' lease: renewed every 5 s, so a takeover must come within 10 s of a holder's end
+REPLICA_LEASE_S = 4.0  # a replica's lease in the database
+CAP = Cap(8e6, 8e6, 10.0, 100_000)
+
+
+class Target:
+    """An embedded target in this process, served on loopback, with its P4Runtime service (its streams)."""
+
+    def __init__(self, device: Device, server: grpc.aio.Server, service: P4RuntimeService, address: str) -> None:
+        self.device, self.server, self.service, self.address = device, server, service, address
+
+    def primaries(self) -> list[int]:
+        """The election ids of the streams the target takes as primary (at most one)."""
+        streams = self.service.streams
+        top = max((s.election_id for s in streams), default=None)
+        return [s.election_id for s in streams if s.election_id == top]
+
+    def lease_deadline_us(self) -> int:
+        """The deadline of the lease the target holds (us, on its own clock; 0: none)."""
+        pipeline = self.device.pipeline
+        if pipeline is None:
+            return 0
+        [entity] = pipeline.read(lease_entry(schema(), 0, 0))
+        params = {p.param_id: int.from_bytes(p.value, "big") for p in entity.table_entry.action.action.params}
+        return params.get(2, 0)
+
+    def lease_left_us(self) -> int:
+        """How long the lease the target holds runs on (us, on its own clock; <= 0: lapsed or none)."""
+        return self.lease_deadline_us() - self.device.clock.now_us() if self.device.pipeline is not None else 0
+
+
+@contextlib.asynccontextmanager
+async def targets(n: int) -> AsyncIterator[list[Target]]:
+    """`n` embedded targets in this process, each with its CPU port (the clock echo)."""
+    out = []
+    try:
+        for _ in range(n):
+            device = Device(1, cpu_port=CPU_PORT)
+            server = grpc.aio.server()
+            service = add_to_server(server, device)
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            out.append(Target(device, server, service, f"127.0.0.1:{port}"))
+        yield out
+    finally:
+        await asyncio.gather(*(t.server.stop(grace=0) for t in out))
+
+
+def settings(replica_id: str) -> Settings:
+    """A replica's settings in these tests."""
+    return Settings(lease_s=LEASE_S, replica_id=replica_id, replica_lease_s=REPLICA_LEASE_S)
+
+
+@contextlib.asynccontextmanager
+async def replicas(url: str, ids: list[str]) -> AsyncIterator[dict[str, ControlPlane]]:
+    """Control planes on one database, started at once, stopped at the end (those still running)."""
+    planes = {r: ControlPlane(url, "127.0.0.1:0", settings=settings(r)) for r in ids}
+    try:
+        await asyncio.gather(*(p.start() for p in planes.values()))
+        yield planes
+    finally:
+        await asyncio.gather(*(p.stop() for p in planes.values() if p.replicas is not None and p.replicas._tasks))
+
+
+def pods_for(ids: list[str], per_replica: int) -> list[str]:
+    """Pod names that rendezvous hashing spreads over `ids`, `per_replica` each (so that every replica holds
+    some; which one holds which is still the replicas' own work)."""
+    picked: dict[str, list[str]] = {r: [] for r in ids}
+    k = 0
+    while any(len(v) < per_replica for v in picked.values()):
+        name = f"pod-{k}"
+        if len(picked[who := owner(name, sorted(ids))]) < per_replica:
+            picked[who].append(name)
+        k += 1
+    return sorted(p for v in picked.values() for p in v)
+
+
+async def fleet(c: LimiterClient, pods: list[str], ts: list[Target]) -> dict[str, Target]:
+    """One write: each pod with a capped uplink DPU on its own target; returns the targets by DPU name."""
+    dpus = {f"dpu-{p}": t for p, t in zip(pods, ts, strict=True)}
+    await c.apply(
+        pods=[Pod(p, (f"10.{i}.0.0/24",)) for i, p in enumerate(pods)],
+        dpus=[Dpu(f"dpu-{p}", t.address, 1, p, Role.POD_UPLINK, 0, 1) for p, t in zip(pods, ts, strict=True)],
+        caps=dict.fromkeys(pods, CAP),
+    )
+    return dpus
+
+
+@contextlib.asynccontextmanager
+async def settled_fleet(
+    url: str, ids: list[str], per_replica: int, through: str
+) -> AsyncIterator[tuple[dict[str, ControlPlane], dict[str, Target], list[str]]]:
+    """Replicas `ids` on one database and a fleet of `per_replica` pods each written through replica `through`,
+    once every DPU is held once, primary and converged: (the replicas, the targets by DPU, the pods)."""
+    pods = pods_for(ids, per_replica)
+    async with targets(len(pods)) as ts, replicas(url, ids) as planes:
+        async with LimiterClient(planes[through].address) as c:
+            dpus = await fleet(c, pods, ts)
+        await until(lambda: settled(planes, dpus), 60, "every DPU held once, primary and converged")
+        yield planes, dpus, pods
+
+
+def holders(planes: dict[str, ControlPlane]) -> dict[str, list[str]]:
+    """Which replicas have an agent for each DPU."""
+    out: dict[str, list[str]] = {}
+    for r, p in planes.items():
+        for name in p.service.agents:
+            out.setdefault(name, []).append(r)
+    return out
+
+
+def settled(planes: dict[str, ControlPlane], dpus: dict[str, Target]) -> bool:
+    """Every DPU held by exactly one replica, the one rendezvous hashing over `planes` gives its pod, whose agent
+    is the DPU's only primary and has converged with a lease."""
+    held, ids = holders(planes), sorted(planes)
+    for name, t in dpus.items():
+        if held.get(name, []) != [owner(name.removeprefix("dpu-"), ids)]:
+            return False
+        agent = planes[held[name][0]].service.agents[name]
+        if not (agent.status.primary and agent.status.converged and agent.status.lease_generation is not None):
+            return False
+        if t.primaries() != [agent.switch.election_id]:
+            return False
+    return True
+
+
+async def until(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Wait until `check()` holds (polling); the seconds it took."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+class LapseWatch:
+    """Samples every target's lease while it runs: the least lease left ever seen (us)."""
+
+    def __init__(self, dpus: dict[str, Target]) -> None:
+        self.dpus = dpus
+        self.least: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            for name, t in self.dpus.items():
+                left = t.lease_left_us()
+                self.least[name] = min(self.least.get(name, left), left)
+            await asyncio.sleep(0.05)
+
+    def __enter__(self) -> LapseWatch:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    def lapsed(self) -> list[str]:
+        """The DPUs whose lease ran out at some sample."""
+        return sorted(n for n, left in self.least.items() if left <= 0)

@@ -1,7 +1,7 @@
 """Failover between replicas: how long until a dead replica's DPUs are primary elsewhere and read back.
 
     python bench/replica_failover.py [--dpus 100] [--pods N] [--replicas 3] [--signal KILL|TERM]
-        [--replica-lease-s 6] [--watch-s 1] [--db postgresql://...] [--profile DIR]
+        [--replica-lease-s 6] [--backup-streams 1 [0 ...]] [--watch-s 1] [--db postgresql://...] [--profile DIR]
 
 N embedded targets run in one helper process (bench/targets_host.py), one DPU each, in P pods (default one
 pod per DPU; the DPUs go round the pods, so rendezvous hashing of pods spreads them over the replicas). R
@@ -21,8 +21,12 @@ stopping them) from the signal until the takeover is read back; DIR gets each on
 a summary by phase (printed to stderr too), and the replicas' logs (ID.log); the targets count the RPCs they
 answer (by method) meanwhile.
 
-Last line: `dpus=N pods=P replicas=R signal=S moved=M taken_s=... primary_s=... failover_s=...
-replica_lease_s=... least_lease_left_s=... lapsed_dpus=...`.
+With several --backup-streams values (the replicas' `--backup-streams`: 0, none; 1, the next in line keeps a
+stream to each DPU), one failover per value in turn, each on a fresh database and a fresh set of targets, side by
+side in one run.
+
+A line per failover: `dpus=N pods=P replicas=R backup_streams=B signal=S moved=M taken_s=... primary_s=...
+failover_s=... replica_lease_s=... least_lease_left_s=... lapsed_dpus=...`.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from finsy.proto import p4r, p4r_grpc
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, Pod, Role
-from dpu_limiter.units import REPLICA_LEASE_S
+from dpu_limiter.units import BACKUP_STREAMS, REPLICA_LEASE_S
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -71,10 +75,13 @@ PHASES = [
 ]
 
 
-def start_host(n: int, calls: Path | None = None) -> tuple[subprocess.Popen[bytes], list[str], list[int]]:
-    """The targets' helper process with N targets: it, their addresses and their clock origins (with `calls`,
-    counting its RPCs: SIGUSR2 writes the counts to that file)."""
+def start_host(
+    n: int, calls: Path | None = None, processes: int = 1
+) -> tuple[subprocess.Popen[bytes], list[str], list[int]]:
+    """The targets' helper process with N targets (over `processes` processes): it, their addresses and their
+    clock origins (with `calls`, counting its RPCs: SIGUSR2 writes the counts to that file)."""
     command = [sys.executable, str(ROOT / "bench" / "targets_host.py"), str(n), "--origins"]
+    command += ["--processes", str(processes)]
     with ExitStack() as stack:
         err = None if calls is None else stack.enter_context(calls.open("ab"))
         host = subprocess.Popen([*command, *(["--count"] if calls else [])], stdout=subprocess.PIPE, stderr=err)
@@ -237,18 +244,20 @@ async def run(
     replicas: int,
     sig: signal.Signals,
     lease_s: float,
+    backups: int,
     watch_s: float,
     tmp: Path,
     spy_dir: Path | None,
+    processes: int = 1,
 ) -> dict[str, object]:
     """One failover on `url`; its figures."""
     if spy_dir is not None:
         spy_dir.mkdir(parents=True, exist_ok=True)
-    host, addresses, origins = start_host(n, None if spy_dir is None else spy_dir / "calls.json")
+    host, addresses, origins = start_host(n, None if spy_dir is None else spy_dir / "calls.json", processes)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     spies: list[subprocess.Popen[bytes]] = []
     try:
-        extra = ["--replica-lease-s", f"{lease_s:g}"]
+        extra = ["--replica-lease-s", f"{lease_s:g}", "--backup-streams", str(backups)]
         logs = spy_dir or tmp  # the replicas' logs: kept with the profile
         procs, address = await asyncio.to_thread(
             start_replicas, url, [f"r{i}" for i in range(1, replicas + 1)], logs, extra
@@ -308,6 +317,7 @@ async def run(
             "dpus": n,
             "pods": pods,
             "replicas": replicas,
+            "backup_streams": backups,
             "signal": sig.name.removeprefix("SIG"),
             "moved": len(theirs),
             "taken_s": round(max(taken.get(d, took) for d in theirs), 2),
@@ -335,27 +345,40 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
     ap.add_argument("--replica-lease-s", type=float, default=REPLICA_LEASE_S)
+    ap.add_argument("--backup-streams", type=int, nargs="+", default=[BACKUP_STREAMS], metavar="N")
+    ap.add_argument(
+        "--target-processes",
+        type=int,
+        metavar="K",
+        help="spread the targets over K processes (default: one per 4,000 DPUs; a process holds ~5,000 at most)",
+    )
     ap.add_argument("--watch-s", type=float, default=1.0, help="seconds between reads of the moved DPUs' leases")
     ap.add_argument("--db", help="a PostgreSQL database (default: a throwaway cluster)")
     ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy the targets and survivors into DIR")
     args = ap.parse_args()
     sig = signal.Signals[f"SIG{args.signal}"]
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        url = args.db or stack.enter_context(postgres.cluster()).database()
-        figures = asyncio.run(
-            run(
-                url,
-                args.dpus,
-                args.pods or args.dpus,
-                args.replicas,
-                sig,
-                args.replica_lease_s,
-                args.watch_s,
-                Path(tmp),
-                args.profile,
+        cluster = None if args.db else stack.enter_context(postgres.cluster())
+        for backups in args.backup_streams:
+            if backups < 0:
+                ap.error(f"--backup-streams: must be 0 or more, got {backups}")
+            url = args.db or cluster.database()  # type: ignore[union-attr]
+            figures = asyncio.run(
+                run(
+                    url,
+                    args.dpus,
+                    args.pods or args.dpus,
+                    args.replicas,
+                    sig,
+                    args.replica_lease_s,
+                    backups,
+                    args.watch_s,
+                    Path(tmp),
+                    args.profile / f"backups-{backups}" if args.profile else None,
+                    args.target_processes or -(-args.dpus // 4000),
+                )
             )
-        )
-    print(" ".join(f"{k}={v}" for k, v in figures.items()), flush=True)
+            print(" ".join(f"{k}={v}" for k, v in figures.items()), flush=True)
 
 
 if __name__ == "__main__":

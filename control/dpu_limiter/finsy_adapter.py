@@ -25,7 +25,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import finsy as fy
@@ -40,6 +40,7 @@ from .pacing import Pacer
 # (class, attribute) of finsy's that this module relies on beyond its public API.
 RELIED_ON: tuple[tuple[type, str], ...] = (
     (fy.Switch, "_set_pipeline"),
+    (fy.Switch, "_get_pipeline"),
     (fy.Switch, "_run"),
     (fy.Switch, "_get_pipeline_config_request"),
     (fy.Switch, "_set_pipeline_config_request"),
@@ -83,6 +84,8 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
 
     A `standby` switch (a replica's backup stream) loads no pipeline, even when the DPU makes it primary
     (its holder gone, the highest election id left is primary): it writes nothing until it bids (`bid`).
+    Nor does it fetch the DPU's P4Info as finsy's backups do (the P4Info is most of the bytes a connection
+    costs the DPU, and a replica leaving makes hundreds of standbys connect at once).
     """
 
     def __init__(
@@ -108,6 +111,10 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
         self.connects = connects or Pacer()
         self.standby = False
 
+    async def _get_pipeline(self) -> None:
+        if not self.standby:
+            await super()._get_pipeline()
+
     async def _set_pipeline(self) -> None:
         if self.standby:
             return
@@ -130,23 +137,23 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
             raise
 
 
-async def bid(sw: DpuSwitch, election_id: int) -> bool:
-    """Bid `election_id` on the switch's open stream (it stops being a standby); whether it was sent.
+def bid(sw: DpuSwitch, election_id: int) -> Coroutine[Any, Any, None] | None:
+    """Make the switch bid `election_id` from now on (it stops being a standby): the send of the bid on its
+    open stream, to be awaited, or None without one (its next connection bids it).
 
     The DPU answers on the stream; finsy then calls the ready handler again as primary, also when the switch
     was primary already under its old id (the holder gone, a standby is the highest left): it is told it is
-    not until the answer comes, and no write goes out under an id the DPU does not know yet. A switch
-    without an open stream bids nothing: its next connection bids `election_id` (the caller may also start
-    another)."""
+    not until the answer comes, and no write goes out under an id the DPU does not know yet. Everything but
+    the send happens before this returns: nothing can come between."""
     arbitrator = sw._arbitrator
     arbitrator.initial_election_id = election_id  # what every later connection bids
     sw.standby = False
     if not sw.is_up:
-        return False
+        return None
     arbitrator.election_id = election_id
     arbitrator.is_primary = False
-    await arbitrator._send(sw)
-    return True
+    send: Coroutine[Any, Any, None] = arbitrator._send(sw)
+    return send
 
 
 def client(sw: fy.Switch) -> P4Client:

@@ -28,9 +28,9 @@ import math
 import random
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import finsy as fy
 from finsy.grpcutil import GRPCCredentialsTLS, GRPCStatusCode
@@ -141,6 +141,7 @@ class DpuAgent:
         self._program, self._election_id, self._tls = program, election_id, tls
         self._switch: DpuSwitch | None = None  # made when the agent starts (start)
         self._task: asyncio.Task[None] | None = None
+        self._bidding: asyncio.Task[None] | None = None  # a standby's bid on its stream, taking the DPU over
         self.created = self.clock.monotonic()
         self.down_since = self.created  # when the agent last had no connection (started, or lost it)
         self._applied_source: dp.Intent | None = None  # the last intent applied, as intent_fn gave it
@@ -217,26 +218,40 @@ class DpuAgent:
         self._task = asyncio.create_task(self._run(), name=f"agent-{self.dpu.name}")
 
     @property
+    def ended(self) -> bool:
+        """Whether it was started and has stopped (stopped, or failed for good: it connects no more)."""
+        return self._switch is not None and (self._task is None or self._task.done())
+
+    @property
     def up(self) -> bool:
         """Whether its P4Runtime stream is open (arbitration done)."""
         return self._switch is not None and self._switch.is_up
 
-    async def take_over(self, election_id: int, leased_before: bool, hold_until: float) -> bool:
-        """A standby's: hold its DPU from now on, bidding `election_id` on the open stream (the DPU's answer
-        makes it primary, and it reconciles as a new connection would); whether it could (without an open
-        stream it cannot: the caller starts another agent). The rest as the constructor's arguments."""
+    def take_over(self, election_id: int, leased_before: bool, hold_until: float) -> None:
+        """A standby's: hold its DPU from now on, bidding `election_id` (on the open stream, in the background:
+        the DPU's answer makes it primary, and it reconciles as a new connection would; without an open
+        stream, on its next connection). The rest as the constructor's arguments. Nothing here waits: a
+        fence or stop right after stops it as it would any holder."""
         self.standby = False
         self._leased_before = self._lease_out = leased_before
         self._hold_until = hold_until
         self._election_id = election_id
+        # Its cookie is checked as it becomes primary, as on connecting: the hash is due a period from now,
+        # not at once (hundreds taken over together would all fetch and hash their pipelines together).
+        self._checked_at = self.clock.monotonic()
+        if self._switch is not None and (send := finsy_adapter.bid(self._switch, election_id)) is not None:
+            self._bidding = asyncio.create_task(self._bid(send), name=f"bid-{self.dpu.name}")
+
+    async def _bid(self, send: Coroutine[Any, Any, None]) -> None:
         try:
-            return self._switch is not None and await finsy_adapter.bid(self._switch, election_id)
-        except Exception as exc:  # the stream broke as we bid: another agent connects afresh
+            await send
+        except Exception as exc:  # the stream broke as we bid: finsy connects again, bidding the new id
             LOG.warning("%s: bidding on the backup stream failed: %s", self.dpu.name, exc)
-            return False
 
     async def stop(self) -> None:
         """Cancel the agent and close its connection."""
+        if self._bidding is not None:
+            self._bidding.cancel()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -70,10 +70,6 @@ def _never(pod: str) -> bool:
     return False
 
 
-async def _false() -> bool:
-    return False
-
-
 StatusSnapshot = tuple[list[tuple[str, "DpuAgent | None"]], set[str], bool]
 
 
@@ -114,6 +110,10 @@ class LimiterService:
         # if their holder left. Alone: none.
         self.backs: Callable[[str], bool] = _never
         self.standbys: dict[str, DpuAgent] = {}
+        # A takeover's agents converging: no new standby connects meanwhile (hundreds would, at once, as the
+        # DPUs the takeover needs answer), then they are synced (at most a third of a lease later).
+        self._standbys_after: asyncio.Task[None] | None = None
+        self._deferring = False  # (while it runs)
         # How a read learns the change log's head as committed now: replicas read it on a connection of their
         # own, so that a read does not wait for this replica's own long write on the store's (its lock).
         self.read_head: Callable[[], tuple[int, str]] = store.log_head
@@ -176,7 +176,7 @@ class LimiterService:
 
     async def stop(self) -> None:
         """Stop every agent."""
-        for task in (self._starter, self._resharer):
+        for task in (self._starter, self._resharer, self._standbys_after):
             if task is not None:
                 task.cancel()
         self._to_start.clear()
@@ -250,6 +250,7 @@ class LimiterService:
             if pods:
                 self.election_id = await election_id()
                 await self._adopt(pods)
+                self._sync_standbys_after([n for p in pods for n in self._indexed()[1].get(p, ())])
             await self._sync_standbys()
             return sum(len(self._indexed()[1].get(p, ())) for p in pods), len(gone)
 
@@ -259,6 +260,9 @@ class LimiterService:
         self.owns = _never
         self.holder = lambda pod: "unknown: this replica lost the database"
         self.backs = _never
+        if self._standbys_after is not None:
+            self._standbys_after.cancel()
+        self._deferring = False
         self._fences += 1
         await self._let_go(list(self.agents.values()))  # (forgets them at once, before stopping them)
         await self._sync_standbys()
@@ -286,42 +290,55 @@ class LimiterService:
         if self.backs is _never and not self.standbys:
             return
         st, backs = self.state, self.backs
+        starts = not self._deferring
         gone = [
             a for n, a in self.standbys.items() if n in self.agents or st.dpus.get(n) != a.dpu or not backs(a.dpu.pod)
         ]
         for a in gone:
             del self.standbys[a.dpu.name]
-        for name, dpu in st.dpus.items():
+        for name, dpu in st.dpus.items() if starts else ():
             if name not in self.standbys and name not in self.agents and backs(dpu.pod):
                 self.standbys[name] = agent = self._agent(dpu, standby=True)
                 self._to_start.append(agent)
         self._start_agents()
         await asyncio.gather(*(a.stop() for a in gone))
 
+    def _sync_standbys_after(self, names: list[str]) -> None:
+        """Start no standby until the agents of `names` (just taken over) have converged, or a third of a lease."""
+
+        async def after() -> None:
+            gen = self.state.generation
+            await asyncio.gather(*(a.wait_converged(gen, self.lease_s / 3) for n in names if (a := self.agents.get(n))))
+            self._deferring = False
+            await self._sync_standbys()
+
+        if self._standbys_after is not None:
+            self._standbys_after.cancel()
+        self._deferring = True
+        self._standbys_after = asyncio.create_task(after(), name="standbys-after")
+
     async def _take_standbys(self, names: set[str]) -> set[str]:
         """Make the standby agents of `names` (DPUs this replica now holds) their holders, bidding this replica's
-        election id on the streams they have open; the names taken so. A standby without an open stream
-        stops: the caller starts a new agent for its DPU."""
-        standbys = [a for n in sorted(names) if (a := self.standbys.pop(n, None)) is not None]
-        if not standbys:
-            return set()
-        took = await asyncio.gather(
-            *(
-                a.take_over(
-                    self.election_id,
-                    leased_before=self.shares.get(a.dpu.name) is not None,
-                    hold_until=self._lease_holds.pop(a.dpu.name, -math.inf),
-                )
-                if self.state.dpus.get(a.dpu.name) == a.dpu
-                else _false()
-                for a in standbys
+        election id (on the streams they have open, or on their next); the names taken so (one that has
+        ended is not: a new agent is started). All of it before the first wait: a fence or stop meanwhile
+        finds them among the holders, and stops them."""
+        taken, stale = set(), []
+        for name in sorted(names):
+            if (a := self.standbys.pop(name, None)) is None:
+                continue
+            if a.ended or self.state.dpus.get(name) != a.dpu or not self.owns(a.dpu.pod):
+                stale.append(a)
+                continue
+            self._hold(a)  # told of what it applies and holds before it applies anything
+            a.take_over(
+                self.election_id,
+                # A share granted before (stored, or this control plane's) may have come with a lease.
+                leased_before=self.shares.get(name) is not None,
+                hold_until=self._lease_holds.pop(name, -math.inf),
             )
-        )
-        for a, ok in zip(standbys, took, strict=True):
-            if ok:
-                self._hold(a)
-        await asyncio.gather(*(a.stop() for a, ok in zip(standbys, took, strict=True) if not ok))
-        return {a.dpu.name for a, ok in zip(standbys, took, strict=True) if ok}
+            taken.add(name)
+        await asyncio.gather(*(a.stop() for a in stale))
+        return taken
 
     def _start_agent(self, dpu: Dpu) -> None:
         """Make `dpu`'s agent now; its connection is opened soon after, in the background (a few at a time)."""
@@ -362,9 +379,12 @@ class LimiterService:
             self.program,
             intent,
             # A standby bids below every holder (they bid the database's fresh number above the configured
-            # id, 2^40; standbys the number alone): the DPU makes it primary only when no holder is connected,
-            # and then it writes nothing.
-            max(1, self.election_id - self.settings.election_id) if standby else self.election_id,
+            # id, 2^40; standbys that number above half of it, clear of other controllers' defaults such as
+            # p4runtime-shell's 1): the DPU makes it primary only when no holder is connected, and then it
+            # writes nothing.
+            self.settings.election_id // 2 + self.election_id - self.settings.election_id
+            if standby
+            else self.election_id,
             self.p4runtime_tls,
             self.resync_s,
             self.pipeline_check_s,

@@ -25,7 +25,7 @@ import asyncio
 import copy
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import finsy as fy
@@ -137,9 +137,9 @@ class DpuSwitch(fy.Switch):  # type: ignore[misc]
             raise
 
 
-def bid(sw: DpuSwitch, election_id: int) -> Coroutine[Any, Any, None] | None:
+def bid(sw: DpuSwitch, election_id: int) -> Callable[[], Awaitable[None]] | None:
     """Make the switch bid `election_id` from now on (it stops being a standby): the send of the bid on its
-    open stream, to be awaited, or None without one (its next connection bids it).
+    open stream, to be called and awaited, or None without one (its next connection bids it).
 
     The DPU answers on the stream; finsy then calls the ready handler again as primary, also when the switch
     was primary already under its old id (the holder gone, a standby is the highest left): it is told it is
@@ -152,7 +152,7 @@ def bid(sw: DpuSwitch, election_id: int) -> Coroutine[Any, Any, None] | None:
         return None
     arbitrator.election_id = election_id
     arbitrator.is_primary = False
-    send: Coroutine[Any, Any, None] = arbitrator._send(sw)
+    send: Callable[[], Awaitable[None]] = functools.partial(arbitrator._send, sw)
     return send
 
 

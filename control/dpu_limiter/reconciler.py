@@ -28,9 +28,9 @@ import math
 import random
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import finsy as fy
 from finsy.grpcutil import GRPCCredentialsTLS, GRPCStatusCode
@@ -242,9 +242,9 @@ class DpuAgent:
         if self._switch is not None and (send := finsy_adapter.bid(self._switch, election_id)) is not None:
             self._bidding = asyncio.create_task(self._bid(send), name=f"bid-{self.dpu.name}")
 
-    async def _bid(self, send: Coroutine[Any, Any, None]) -> None:
+    async def _bid(self, send: Callable[[], Awaitable[None]]) -> None:
         try:
-            await send
+            await send()
         except Exception as exc:  # the stream broke as we bid: finsy connects again, bidding the new id
             LOG.warning("%s: bidding on the backup stream failed: %s", self.dpu.name, exc)
 

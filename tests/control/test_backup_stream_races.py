@@ -10,42 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import pytest
 
 from dpu_limiter import finsy_adapter
+from dpu_limiter.client import LimiterClient
 from dpu_limiter.reconciler import DpuAgent
-from dpu_limiter.replicas import ranking
 from dpu_limiter.server import ControlPlane
+from dpu_softswitch.server import add_to_server
 from helpers.p4rt import connect
-from helpers.replica_fleet import Target, holders, settled_fleet, until
-
-
-def next_in_line(name: str, ids: list[str]) -> str:
-    """The replica that takes DPU `name`'s pod over if its holder leaves (as test_backup_streams)."""
-    return ranking(name.removeprefix("dpu-"), sorted(ids))[1]
-
-
-def backed_up(planes: dict[str, ControlPlane], names: list[str]) -> bool:
-    """Each DPU has one open backup stream, from the replica next in line (as test_backup_streams)."""
-    for name in names:
-        nxt = next_in_line(name, list(planes))
-        for r, plane in planes.items():
-            standby = plane.service.standbys.get(name)
-            if (standby is not None) != (r == nxt) or (standby is not None and not standby.up):
-                return False
-    return True
-
-
-def holding(agent: DpuAgent) -> bool:
-    """The agent is its DPU's primary, converged, its lease read back."""
-    st = agent.status
-    return not agent.standby and st.primary and st.converged and st.lease_generation is not None
-
+from helpers.replica_fleet import (
+    Target,
+    backed_up,
+    holders,
+    holding,
+    next_in_line,
+    settled_fleet,
+    targets,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -59,7 +46,7 @@ class HeldBid:
         self.release = asyncio.Event()
         self.real = finsy_adapter.bid
 
-    def __call__(self, sw: finsy_adapter.DpuSwitch, election_id: int) -> Coroutine[Any, Any, None] | None:
+    def __call__(self, sw: finsy_adapter.DpuSwitch, election_id: int) -> Callable[[], Awaitable[None]] | None:
         send = self.real(sw, election_id)
         if send is None:
             return None
@@ -67,9 +54,9 @@ class HeldBid:
         async def held() -> None:
             self.entered.set()
             await self.release.wait()
-            await send
+            await send()
 
-        return held()
+        return held
 
 
 @contextlib.asynccontextmanager
@@ -86,17 +73,24 @@ async def two_backed_up(
         yield planes, dpus, name, "r1", nxt
 
 
+async def bidding(
+    planes: dict[str, ControlPlane], name: str, holder: str, nxt: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[DpuAgent, HeldBid]:
+    """The holder stops and `nxt` takes `name` over on its standby, whose bid's send is held: the standby."""
+    bid = HeldBid()
+    monkeypatch.setattr(finsy_adapter, "bid", bid)
+    standby = planes[nxt].service.standbys[name]
+    await planes[holder].stop()
+    planes.pop(holder)
+    await asyncio.wait_for(bid.entered.wait(), 30)
+    return standby, bid
+
+
 async def test_a_fence_while_a_takeover_bids_leaves_no_writer(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """fence() runs without the service's lock (the watchdog task) while hold_only bids on a standby's stream:
-    the standby has been popped from `standbys` (fence cannot see it), and once the bid returns _take_standbys
-    makes it a holder without asking `owns` again (as _adopt does for a new agent)."""
+    """fence() runs without the service's lock (the watchdog task) while a takeover's bid is on its way: the
+    standby is a holder by then, so the fence stops it, and it writes nothing once the DPU answers."""
     async with two_backed_up(pg_url) as (planes, dpus, name, holder, nxt):
-        bid = HeldBid()
-        monkeypatch.setattr(finsy_adapter, "bid", bid)
-        standby = planes[nxt].service.standbys[name]
-        await planes[holder].stop()
-        planes.pop(holder)
-        await asyncio.wait_for(bid.entered.wait(), 30)
+        standby, bid = await bidding(planes, name, holder, nxt, monkeypatch)
         service = planes[nxt].service
         await service.fence()  # the watchdog: this replica's lease may end; stop writing to every DPU now
         bid.release.set()
@@ -114,15 +108,10 @@ async def test_a_fence_while_a_takeover_bids_leaves_no_writer(pg_url: str, monke
 async def test_a_replica_stopped_while_a_takeover_bids_leaks_no_agent(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Replicas.stop cancels the follower mid-takeover: the standbys _take_standbys popped are in neither
-    `agents` nor `standbys`, so neither fence() nor LimiterService.stop() stops them."""
+    """Replicas.stop cancels the follower mid-takeover: the standby taken over is a holder by then, and stops
+    with the others."""
     async with two_backed_up(pg_url) as (planes, _dpus, name, holder, nxt):
-        bid = HeldBid()
-        monkeypatch.setattr(finsy_adapter, "bid", bid)
-        standby: DpuAgent = planes[nxt].service.standbys[name]
-        await planes[holder].stop()
-        planes.pop(holder)
-        await asyncio.wait_for(bid.entered.wait(), 30)
+        standby, _bid = await bidding(planes, name, holder, nxt, monkeypatch)
         await planes[nxt].stop()
         service = planes[nxt].service
         running = standby._task is not None and not standby._task.done()
@@ -140,9 +129,8 @@ async def test_a_replica_stopped_while_a_takeover_bids_leaks_no_agent(
 
 
 async def test_a_takeover_on_a_down_backup_stream_keeps_the_dpus_lease_hold(pg_url: str) -> None:
-    """_take_standbys pops the DPU's lease hold (a window change's: no lease before it ends) into take_over's
-    arguments before knowing whether the bid can go out; a standby whose stream is down then stops, and the
-    new agent _adopt starts finds no hold: it may place a lease the hold forbids."""
+    """A standby whose agent has ended (its stream down for good) is replaced at the takeover by a new agent,
+    which keeps the DPU's lease hold (a window change's: no lease before it ends)."""
     async with two_backed_up(pg_url) as (planes, _dpus, name, holder, nxt):
         service = planes[nxt].service
         standby = service.standbys[name]
@@ -182,8 +170,8 @@ async def test_an_operator_controller_with_a_default_election_id_is_not_refused(
 
 
 async def test_a_standby_made_primary_writes_nothing(pg_url: str) -> None:
-    """(Passes: the claim holds.) The holder's agent stops: the DPU makes the standby primary under its low id;
-    for several seconds nothing is written (no pipeline load, no lease moved), then the holder is back."""
+    """The holder's agent stops: the DPU makes the standby primary under its low id; for several seconds
+    nothing is written (no pipeline load, no lease moved), then the holder is back."""
     async with two_backed_up(pg_url) as (planes, dpus, name, holder, nxt):
         t, standby = dpus[name], planes[nxt].service.standbys[name]
         agent = planes[holder].service.agents[name]
@@ -201,23 +189,16 @@ async def test_a_standby_made_primary_writes_nothing(pg_url: str) -> None:
 async def test_an_agent_leaked_by_a_stop_mid_takeover_does_not_write_once_its_stream_breaks(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The leaked agent of the test above: its switch now bids the takeover's fresh holder id on every new
-    connection and is no longer a standby. The DPU's gRPC server restarts (its stream breaks): it reconnects,
-    is made primary, and reconciles: a writer running in a replica that has stopped."""
+    """The agent of a replica stopped mid-takeover (the test above) bids the takeover's fresh holder id on any
+    new connection: once the DPU's gRPC server restarts (the stream breaks) nothing of the stopped replica
+    connects again and writes."""
     async with two_backed_up(pg_url) as (planes, dpus, name, holder, nxt):
-        bid = HeldBid()
-        monkeypatch.setattr(finsy_adapter, "bid", bid)
-        standby: DpuAgent = planes[nxt].service.standbys[name]
-        await planes[holder].stop()
-        planes.pop(holder)
-        await asyncio.wait_for(bid.entered.wait(), 30)
+        standby, _bid = await bidding(planes, name, holder, nxt, monkeypatch)
         await planes[nxt].stop()
         t = dpus[name]
         port = int(t.address.rsplit(":", 1)[1])
         await t.server.stop(grace=0)
         server = grpc.aio.server()
-        from dpu_softswitch.server import add_to_server
-
         t.service = add_to_server(server, t.device)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -234,18 +215,13 @@ async def test_an_agent_leaked_by_a_stop_mid_takeover_does_not_write_once_its_st
 
 
 async def test_a_dpu_moved_or_deleted_keeps_no_stale_backup_stream(pg_url: str) -> None:
-    """(Passes.) A DPU moved to another address, written through the replica that does not back it up: the
-    next in line (catching up) replaces its standby with one to the new address; deleted: it stops it."""
-    from dataclasses import replace
-
-    from dpu_limiter.client import LimiterClient
-    from helpers.replica_fleet import targets
-
+    """A DPU moved to another address, written through the replica that does not back it up: the next in line
+    (catching up) replaces its standby with one to the new address; deleted: it stops it."""
     async with two_backed_up(pg_url) as (planes, dpus, name, holder, nxt), targets(1) as (spare,):
         service = planes[nxt].service
         old = service.standbys[name]
         async with LimiterClient(planes[holder].address) as c:
-            moved = replace(planes[holder].service.state.dpus[name], p4runtime_address=spare.address)
+            moved = dataclasses.replace(planes[holder].service.state.dpus[name], p4runtime_address=spare.address)
             await c.apply(dpus=[moved])
             await until(
                 lambda: (s := service.standbys.get(name)) is not None and s is not old and s.up,
@@ -263,7 +239,7 @@ async def test_a_dpu_moved_or_deleted_keeps_no_stale_backup_stream(pg_url: str) 
 
 
 async def test_a_fenced_replica_rejoins_with_its_backup_streams(pg_url: str) -> None:
-    """(Passes.) The next in line fences (its watchdog) and rejoins: its standbys stop, then come back; the
+    """The next in line fences (its watchdog) and rejoins: its standbys stop, then come back; the
     holder stays the DPU's only primary throughout."""
     async with two_backed_up(pg_url) as (planes, dpus, name, holder, nxt):
         replicas = planes[nxt].replicas

@@ -15,36 +15,22 @@ from collections.abc import AsyncIterator
 import pytest
 
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.reconciler import DpuAgent
-from dpu_limiter.replicas import ranking
-from dpu_limiter.server import ControlPlane
 from dpu_limiter.units import CPU_PORT
 from helpers.bmv2 import bmv2_switch
-from helpers.replica_fleet import fleet, holders, pods_for, replicas, settled_fleet, targets, until
+from helpers.replica_fleet import (
+    backed_up,
+    fleet,
+    holders,
+    holding,
+    next_in_line,
+    pods_for,
+    replicas,
+    settled_fleet,
+    targets,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def next_in_line(name: str, ids: list[str]) -> str:
-    """The replica that takes DPU `name`'s pod over if its holder leaves."""
-    return ranking(name.removeprefix("dpu-"), sorted(ids))[1]
-
-
-def backed_up(planes: dict[str, ControlPlane], names: list[str]) -> bool:
-    """Each DPU has one backup stream, open, from the replica next in line, and none from any other."""
-    for name in names:
-        nxt = next_in_line(name, list(planes))
-        for r, plane in planes.items():
-            standby = plane.service.standbys.get(name)
-            if (standby is not None) != (r == nxt) or (standby is not None and not standby.up):
-                return False
-    return True
-
-
-def holding(agent: DpuAgent) -> bool:
-    """The agent is its DPU's primary, converged, its lease read back."""
-    st = agent.status
-    return not agent.standby and st.primary and st.converged and st.lease_generation is not None
 
 
 async def test_the_next_in_line_keeps_a_backup_stream_below_the_holder(pg_url: str) -> None:

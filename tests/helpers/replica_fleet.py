@@ -15,7 +15,8 @@ import grpc
 
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, Pod, Role
-from dpu_limiter.replicas import owner
+from dpu_limiter.reconciler import DpuAgent
+from dpu_limiter.replicas import owner, ranking
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT
@@ -184,3 +185,25 @@ class LapseWatch:
     def lapsed(self) -> list[str]:
         """The DPUs whose lease ran out at some sample."""
         return sorted(n for n, left in self.least.items() if left <= 0)
+
+
+def next_in_line(name: str, ids: list[str]) -> str:
+    """The replica that takes DPU `name`'s pod over if its holder leaves (it keeps the backup stream)."""
+    return ranking(name.removeprefix("dpu-"), sorted(ids))[1]
+
+
+def backed_up(planes: dict[str, ControlPlane], names: list[str]) -> bool:
+    """Each DPU has one backup stream, open, from the replica next in line, and none from any other."""
+    for name in names:
+        nxt = next_in_line(name, list(planes))
+        for r, plane in planes.items():
+            standby = plane.service.standbys.get(name)
+            if (standby is not None) != (r == nxt) or (standby is not None and not standby.up):
+                return False
+    return True
+
+
+def holding(agent: DpuAgent) -> bool:
+    """The agent is its DPU's primary, converged, its lease read back."""
+    st = agent.status
+    return not agent.standby and st.primary and st.converged and st.lease_generation is not None

@@ -7,19 +7,41 @@ firmware socket (firmware.py) and in-process simulations, which drive it without
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
 import grpc
-from finsy.proto import p4r
+from finsy.proto import p4i, p4r
 
 from .errors import P4RuntimeError, ProgramError
 from .externs import Clock
-from .program import Program
+from .program import Program, shared_json
 from .runtime.pipeline import Pipeline
 from .trace import Tracer
 
 NO_PIPELINE = "No forwarding pipeline config set for this device"
+
+# The last few P4Infos set, by their serialised bytes: pipelines of the same program share one copy, which
+# holds nothing of the request it came in (a message inside a request keeps the whole request alive, its
+# bmv2 JSON included). Nothing writes to a pipeline's P4Info.
+_P4INFOS: OrderedDict[bytes, p4i.P4Info] = OrderedDict()
+_P4INFOS_KEPT = 4
+_P4INFOS_LOCK = threading.Lock()
+
+
+def shared_p4info(p4info: p4i.P4Info) -> p4i.P4Info:
+    """A copy of `p4info` of its own, shared with the other pipelines of this process that set the same one lately."""
+    key = p4info.SerializeToString(deterministic=True)
+    with _P4INFOS_LOCK:
+        if (hit := _P4INFOS.get(key)) is None:
+            hit = _P4INFOS[key] = p4i.P4Info()
+            hit.CopyFrom(p4info)
+            while len(_P4INFOS) > _P4INFOS_KEPT:
+                _P4INFOS.popitem(last=False)
+        else:
+            _P4INFOS.move_to_end(key)
+        return hit
 
 
 class DeviceListener(Protocol):
@@ -65,9 +87,10 @@ class Device:
         if not config.HasField("p4info"):
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, "pipeline config has no p4info")
         try:
-            program = Program.from_bytes(config.p4_device_config, self.clock, self.trace)
+            device_config, doc = shared_json(config.p4_device_config)
+            program = Program(doc, self.clock, self.trace)
             return Pipeline(
-                program, config.p4info, config.cookie.cookie, config.p4_device_config, self._emit, self._wake
+                program, shared_p4info(config.p4info), config.cookie.cookie, device_config, self._emit, self._wake
             )
         except ProgramError as exc:
             raise P4RuntimeError(grpc.StatusCode.INVALID_ARGUMENT, f"invalid pipeline: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -10,6 +11,9 @@ GREEN, YELLOW, RED = 0, 1, 2
 
 # PI hands bmv2 burst sizes as uint32 (pi_meter_spec_t): larger P4Runtime bursts wrap.
 PI_BURST_MASK = (1 << 32) - 1
+
+# An unconfigured meter's tokens: never written to (set_rates gives a configured cell lists of its own).
+_NO_TOKENS: list[int] = []
 
 
 class Clock:
@@ -27,13 +31,26 @@ class Clock:
 
 
 class CounterArray:
-    """An indexed packets-and-bytes counter array."""
+    """An indexed packets-and-bytes counter array.
+
+    Its cells are allocated when first used (counted, read or written), not before: a process that runs
+    thousands of devices (bench/targets_host.py) holds only the arrays their packets and controllers touch.
+    Once allocated, `packets` and `bytes` are the instance's own attributes (reset() drops them again).
+    """
 
     def __init__(self, name: str, size: int) -> None:
         self.name = name
         self.size = size
-        self.packets = [0] * size
-        self.bytes = [0] * size
+
+    @functools.cached_property
+    def packets(self) -> list[int]:
+        """Packets counted, by cell."""
+        return [0] * self.size
+
+    @functools.cached_property
+    def bytes(self) -> list[int]:
+        """Bytes counted, by cell."""
+        return [0] * self.size
 
     def count(self, index: int, length: int) -> None:
         """Count one packet of `length` bytes at `index` (out of range: ignored, as bmv2 logs and skips)."""
@@ -42,9 +59,9 @@ class CounterArray:
             self.bytes[index] += length
 
     def reset(self) -> None:
-        """Zero every cell."""
-        self.packets = [0] * self.size
-        self.bytes = [0] * self.size
+        """Zero every cell (back to none allocated)."""
+        self.__dict__.pop("packets", None)
+        self.__dict__.pop("bytes", None)
 
 
 @dataclass(frozen=True)
@@ -66,8 +83,10 @@ class Meter:
 
     def __init__(self) -> None:
         self.rates: tuple[MeterRate, ...] = ()
-        self.tokens: list[int] = []
-        self.tokens_last: list[int] = []
+        # Empty and shared until configured (set_rates gives each cell lists of its own): an array of
+        # unconfigured cells costs one small object per cell.
+        self.tokens: list[int] = _NO_TOKENS
+        self.tokens_last: list[int] = _NO_TOKENS
         self.colors: tuple[int, ...] = ()
         # (index, info rate, burst size, colour) of each bucket, in `rates` order: what execute() reads.
         self._buckets: tuple[tuple[int, float, int, int], ...] = ()
@@ -93,8 +112,8 @@ class Meter:
     def reset(self) -> None:
         """Back to unconfigured."""
         self.rates = ()
-        self.tokens = []
-        self.tokens_last = []
+        self.tokens = _NO_TOKENS
+        self.tokens_last = _NO_TOKENS
         self.colors = ()
         self._buckets = ()
 
@@ -174,13 +193,17 @@ def _as_read_back(burst: int) -> int:
 
 
 class RegisterArray:
-    """An indexed register array of fixed bit width."""
+    """An indexed register array of fixed bit width (its cells allocated when first used, as CounterArray's)."""
 
     def __init__(self, name: str, size: int, bitwidth: int) -> None:
         self.name = name
         self.size = size
         self.mask = (1 << bitwidth) - 1
-        self.values = [0] * size
+
+    @functools.cached_property
+    def values(self) -> list[int]:
+        """The value of each cell."""
+        return [0] * self.size
 
     def read(self, index: int) -> int:
         """Value at `index` (0 out of range, like bmv2 after its error log)."""

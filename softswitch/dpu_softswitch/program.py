@@ -13,6 +13,8 @@ with the construct's name, never later at packet time.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,32 @@ from .v1model import SimpleSwitch
 # A generated function that would grow past this many lines is left to the closure interpreter
 # (tests set it to -1 to run every pipeline and parser on the interpreter).
 _MAX_LINES = 20_000
+
+# The last few bmv2 JSONs parsed, by their bytes: the devices of one process that load the same program
+# (bench/targets_host.py runs thousands) share one parsed document and one copy of its bytes. Nothing
+# mutates a document once parsed; the compilers only read it.
+_DOCS: OrderedDict[bytes, tuple[bytes, Any]] = OrderedDict()
+_DOCS_KEPT = 4
+_DOCS_LOCK = threading.Lock()
+
+
+def shared_json(data: bytes) -> tuple[bytes, Any]:
+    """`data` parsed as JSON, and bytes equal to `data`: both shared with every other device of this process
+    that loaded the same bytes lately (raises ProgramError if it is not JSON)."""
+    data = bytes(data)  # a no-op for bytes; a bytearray or memoryview cannot be a key
+    with _DOCS_LOCK:
+        if (hit := _DOCS.get(data)) is not None:
+            _DOCS.move_to_end(data)
+            return hit
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProgramError(f"bmv2 JSON: not valid JSON: {exc}") from exc
+    with _DOCS_LOCK:
+        hit = _DOCS.setdefault(data, (data, doc))
+        while len(_DOCS) > _DOCS_KEPT:
+            _DOCS.popitem(last=False)
+    return hit
 
 
 class Program(SimpleSwitch):
@@ -99,11 +127,7 @@ class Program(SimpleSwitch):
     @classmethod
     def from_bytes(cls, data: bytes, clock: Clock | None = None, trace: Tracer | None = None) -> Program:
         """Parse and compile bmv2 JSON bytes (traced to `trace` when given)."""
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProgramError(f"bmv2 JSON: not valid JSON: {exc}") from exc
-        return cls(doc, clock, trace)
+        return cls(shared_json(data)[1], clock, trace)
 
 
 def _compiled(gen: Codegen, pd: pipeline.PipelineDef) -> Callable[[Packet], None]:

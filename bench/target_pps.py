@@ -112,7 +112,7 @@ def measure(kind: str, ifs: dict[int, tuple[str, str]], seconds: float) -> float
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    thrift = bmv2_thrift_port(bmv2_path()) if kind == "bmv2" else None  # never bmv2's default 9090
+    thrift = bmv2_thrift_port(bmv2_path(), port) if kind == "bmv2" else None  # never bmv2's default 9090
     cmd = target_command(kind, 1, {p: sw for p, (sw, _) in ifs.items()}, f"127.0.0.1:{port}", thrift_port=thrift)  # type: ignore[arg-type]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -68,6 +68,7 @@ from dpu_lab.capture import (
     open_socket,
     to_capture,
 )
+from dpu_lab.processes import stop_processes
 from dpu_lab.traffic import Timeline
 
 if TYPE_CHECKING:
@@ -293,8 +294,7 @@ class BoundaryProcess:
             try:
                 self.popen.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self.popen.terminate()  # SIGTERM still makes it write its counts
-                self.popen.wait(timeout=10)
+                stop_processes(self.popen, timeout=10)  # SIGTERM still makes it write its counts
         if self.popen.returncode != 0:
             log = self.out.with_suffix(".log")
             raise RuntimeError(f"the boundary capture failed (exit {self.popen.returncode}); see {log}")

@@ -168,6 +168,7 @@ def _run_iperf3(args: Sequence[str], deadline: float) -> _Report:
             out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             stopped = True
+            # Not processes.stop_processes: its report comes through pipes, which communicate() drains as it waits.
             proc.terminate()
             out, err = proc.communicate(timeout=_STOP_GRACE_S)
         exited = time.time()

@@ -141,7 +141,7 @@ class LiveAudit:
             self._thread.join(timeout=30)
         for proc in self._probe_senders:
             if proc.poll() is None:
-                proc.terminate()
+                proc.terminate()  # only the signal: the runner's cleanup waits for them (and kills any that linger)
         self._probe_sink.close()
         if self._probe_keys is not None:
             shutil.rmtree(self._probe_keys, ignore_errors=True)

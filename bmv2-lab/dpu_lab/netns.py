@@ -61,6 +61,7 @@ from typing import Any
 
 from .config import Topology
 from .frames import host_mac
+from .processes import stop_processes
 
 LOG = logging.getLogger(__name__)
 
@@ -480,17 +481,11 @@ class LabNetwork:
     def stop_engines(self) -> dict[str, dict[str, Any]]:
         """Stop every crypto engine (SIGTERM to its recorded process, kill if it lingers) and return the stats
         each wrote, by host. Safe to call again: engines already stopped are not signalled twice."""
-        for eng in self.engines:
-            if eng.popen.poll() is None:
-                eng.popen.terminate()  # SIGTERM, to the PID we started
+        killed = stop_processes(*(eng.popen for eng in self.engines), timeout=ENGINE_STOP_S)
         stats: dict[str, dict[str, Any]] = {}
         for eng in self.engines:
-            try:
-                eng.popen.wait(timeout=ENGINE_STOP_S)
-            except subprocess.TimeoutExpired:
-                LOG.warning("crypto engine of %s (pid %d) ignored SIGTERM; killing it", eng.host, eng.pid)
-                eng.popen.kill()
-                eng.popen.wait(timeout=5)
+            if eng.popen in killed:
+                LOG.warning("crypto engine of %s (pid %d) ignored SIGTERM; killed it", eng.host, eng.pid)
             try:
                 stats[eng.host] = json.loads(eng.stats.read_text())
             except (OSError, ValueError):

@@ -53,6 +53,7 @@ from dpu_limiter.units import DEFAULT_LEASE_S, REPLICA_LEASE_S
 
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu
+from .processes import stop_processes
 from .targets import free_port
 
 SAMPLE_S = 0.1  # how often the watch asks every replica and every DPU
@@ -570,15 +571,7 @@ class Failover:
     def cleanup(self) -> None:
         """Stop every replica the run started (by its handle), the forwarders; start the database again if an
         event left it stopped; drop the run's schema."""
-        for r in self.replicas:
-            if r.popen.poll() is None:
-                r.popen.terminate()
-        for r in self.replicas:
-            try:
-                r.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                r.popen.kill()
-                r.popen.wait(timeout=10)
+        stop_processes(*(r.popen for r in self.replicas), timeout=10, kill_timeout=10)
         if self.host is not None:
             self.host.close()
             self.host = None

@@ -39,6 +39,7 @@ from .evaluate import LabDpu
 from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
+from .processes import stop_processes
 from .replicas_lab import Failover, event_records, markdown
 from .replicas_lab import check as check_replicas
 from .report import Flow, Phase, Report
@@ -449,8 +450,7 @@ class LabRun:
         try:
             p.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            p.popen.terminate()
-            p.popen.wait(timeout=5)
+            stop_processes(p.popen, timeout=5)
         if p.popen.returncode != 0:
             raise RuntimeError(f"{p.name} failed (exit {p.popen.returncode}); see {p.out.with_suffix('.log')}")
 
@@ -503,22 +503,10 @@ class LabRun:
             self.site.stop()
         if self.live is not None:
             self.live.stop()
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.popen.terminate()
-        for p in self.procs:
-            try:
-                p.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
+        stop_processes(*(p.popen for p in self.procs), timeout=5)
         self.procs.clear()
         if self.control is not None:
-            if self.control.poll() is None:
-                self.control.terminate()
-                try:
-                    self.control.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self.control.kill()
+            stop_processes(self.control, timeout=5)
             self.control = None
         if self.failover is not None:
             self.failover.cleanup()  # its replicas, forwarders and the run's schema in the database

@@ -29,6 +29,7 @@ from dpu_verifier.evidence import generate_key, load_public_key, verify_bundle
 
 from .config import Scenario
 from .netns import LabNetwork
+from .processes import stop_processes
 
 SNMPD = shutil.which("snmpd") or ("/usr/sbin/snmpd" if os.path.exists("/usr/sbin/snmpd") else None)
 MIN_INTERVAL_S = 1.0  # the verifier's shortest interval (dpu_verifier.service.MIN_INTERVAL_S)
@@ -103,14 +104,8 @@ class LabSite:
 
     def stop(self) -> None:
         """Stop the verifier (SIGTERM: it closes its bundle), then snmpd; by their handles."""
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-            try:
-                p.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+        for p in reversed(self.procs):  # one at a time: snmpd still answers while the verifier closes its bundle
+            stop_processes(p, timeout=STOP_S)
         self.procs.clear()
 
     def finish(self, compromised_at: float | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from dpu_limiter.units import CPU_PORT, MAX_FRAME_BYTES
 from dpu_softswitch.firmware import Firmware, FirmwareClient
 
 from .bmv2_firmware import Bmv2Firmware
+from .processes import stop_processes
 
 TargetKind = Literal["embedded", "bmv2"]
 BMV2_BINARY = "simple_switch_grpc"
@@ -61,12 +62,17 @@ def bmv2_path() -> str:
     return path
 
 
-def bmv2_thrift_port(path: str) -> int | None:
-    """A free port for the Thrift runtime API of the simple_switch_grpc at `path`; None if built without it.
+def bmv2_thrift_port(path: str, grpc_port: int) -> int | None:
+    """A free port for the Thrift runtime API of the simple_switch_grpc at `path`, not its `grpc_port` (picked
+    free the same way, not yet bound: the two were seen to be one); None if built without Thrift.
 
     A build with Thrift listens on 9090 unless told otherwise, so a second switch would fail to start.
     """
-    return free_port() if bmv2_has_thrift(path) else None
+    if not bmv2_has_thrift(path):
+        return None
+    while (port := free_port()) == grpc_port:
+        pass
+    return port
 
 
 def bmv2_options(thrift_port: int | None) -> list[str]:
@@ -130,13 +136,7 @@ class TargetProcess:
 
     def stop(self) -> None:
         """Terminate the process we started (by its handle), then kill it if it lingers."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_processes(self.process, timeout=5)
         if self.firmware is not None:
             shutil.rmtree(self.firmware.parent, ignore_errors=True)
 
@@ -155,7 +155,7 @@ def start_target(
     address = f"127.0.0.1:{port}"
     # A Unix socket's path must stay short (108 bytes): not under the run's folder.
     firmware = Path(tempfile.mkdtemp(prefix="p4fw-")) / "socket" if kind == "embedded" else None
-    thrift_port = bmv2_thrift_port(bmv2_path()) if kind == "bmv2" else None
+    thrift_port = bmv2_thrift_port(bmv2_path(), port) if kind == "bmv2" else None
     cmd = target_command(kind, device_id, interfaces, address, firmware, thrift_port)
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:

@@ -94,7 +94,7 @@ def bmv2_switch(ports: Iterable[int], cpu_port: int | None = None) -> Iterator[B
                     f.write("1")
                 _link("set", ifname, "up")
         port = free_port()
-        thrift_port = bmv2_thrift_port(exe)
+        thrift_port = bmv2_thrift_port(exe, port)
         interfaces = [a for p, (i, _) in names.items() for a in ("-i", f"{p}@{i}")]
         cpu = ["--cpu-port", str(cpu_port)] if cpu_port is not None else []
         proc = subprocess.Popen(

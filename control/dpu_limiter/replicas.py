@@ -34,7 +34,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from .service import LimiterService
-from .store import Store
+from .store import Session, Store
 from .units import BACKUP_STREAMS, POLL_S, REPLICA_LEASE_S
 
 LOG = logging.getLogger(__name__)
@@ -97,6 +97,9 @@ class Replicas:
         self._head: tuple[int, str] = (0, "")  # the change log's head as the poll last read it
         self._rejoin = False  # renewed after a fence: take pods again
         self.takeovers = 0  # DPUs taken over since start (for tests and logs)
+        # The database session the service writes through, as renewals name it: when the database shows it
+        # ended, the others take this replica for gone (killed) without waiting for its lease (store.SESSION_OPEN).
+        self._session: Session | None = None
 
     def _store(self) -> Store:
         if self._registry is None:
@@ -112,6 +115,8 @@ class Replicas:
 
     async def start(self) -> None:
         """Join (the first renewal must succeed), decide what this replica holds, and start the service on it."""
+        self.service.store.pin_session()
+        self._session = await asyncio.to_thread(self.service.store.session)
         await self._renew()
         self.service.owns, self.service.holder, self.service.backs = self._placement()
         self.service.read_head = lambda: self._store().log_head()
@@ -152,13 +157,28 @@ class Replicas:
         loop = asyncio.get_running_loop()
         sent = loop.time()  # the database sets the lease after this: it ends no earlier than sent + lease
         try:
-            live = await asyncio.to_thread(self._store().renew_replica, self.id, self.address, self.lease_s)
+            live = await asyncio.to_thread(
+                self._store().renew_replica, self.id, self.address, self.lease_s, self._session
+            )
         except Exception:
             self._drop_registry()
             raise
         self._fence_at = sent + self.lease_s * (1 - MAX_CLOCK_DRIFT) - FENCE_MARGIN_S
         self._renew_at = sent + self.lease_s / 6
         self.live = dict(live)
+
+    async def _new_session(self) -> None:
+        """Write through another database session: the service's broke, or the database shows it ended. Unless
+        the database started again since (every session ended then, and the others wait for leases), the others
+        may have taken this replica for gone and its DPUs over: it stops writing to them first."""
+        store = self.service.store
+        if not self.fenced and (
+            self._session is None or await asyncio.to_thread(self._store().server_epoch) == self._session[1]
+        ):
+            LOG.warning("replica %s: our database session ended: stopping every DPU's agent", self.id)
+            await self._fence()
+        await asyncio.to_thread(store.new_session)
+        self._session = await asyncio.to_thread(store.session)
 
     async def _election_id(self) -> int:
         return await asyncio.to_thread(self._store().next_election_id) + self.service.settings.election_id
@@ -185,15 +205,21 @@ class Replicas:
         while True:
             await asyncio.sleep(self.poll_s)
             try:
+                if self.service.store.session_broken():
+                    await self._new_session()
                 if loop.time() >= self._renew_at or self.fenced:
                     await self._renew()
                     self._rejoin = self._rejoin or self.fenced
                 else:
                     self.live = dict(await asyncio.to_thread(self._store().live_replicas))
-                    if self.id not in self.live:  # by the database's clock our lease ended: stop, and join again
-                        LOG.warning("replica %s: the database says our lease ended", self.id)
+                if self.id not in self.live:
+                    # By the database's clock our lease ended, or by its sessions ours did (the others take
+                    # our DPUs now): stop, and join again through a session of our own.
+                    if not self.fenced:
+                        LOG.warning("replica %s: the database says our lease or session ended", self.id)
                         await self._fence()
-                        continue
+                    await self._new_session()
+                    continue
                 self._head = await asyncio.to_thread(self._store().log_head)
                 self._wake.set()
             except asyncio.CancelledError:

@@ -61,8 +61,21 @@ REPLICAS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS replicas (
     id TEXT PRIMARY KEY, address TEXT NOT NULL, lease_until REAL NOT NULL, joined REAL NOT NULL);
 """
+# Version 3: the database session a replica writes through, as its last renewal named it (Store.session): the
+# server process's id, and when the server that runs it started. NULL where the database has no sessions.
+REPLICA_SESSION_COLUMNS = (("session_pid", "INTEGER"), ("session_epoch", "REAL"))
 
 Migration = Callable[[Db], None]
+Session = tuple[int, float]  # a database session: its server process's id, and when that server started
+
+
+def add_replica_session(db: Db, real: str = "REAL") -> None:
+    """Version 3 (both databases): the replicas table's session columns (REPLICA_SESSION_COLUMNS); `real` is the
+    database's 8-byte float type."""
+    for name, decl in REPLICA_SESSION_COLUMNS:
+        if name not in db.columns("replicas"):
+            # names and types from REPLICA_SESSION_COLUMNS only
+            db.execute(f"ALTER TABLE replicas ADD COLUMN {name} {decl.replace('REAL', real)}")
 
 
 def statements(script: str) -> list[str]:
@@ -120,6 +133,8 @@ class Store:
     # The database's clock in seconds since the epoch, as an expression: replicas' leases are judged on it.
     NOW = "((julianday('now') - 2440587.5) * 86400.0)"
     SHARED = False  # whether several serving control planes (replicas) may share the database
+    # Whether a replicas row's session may still be open, as an SQL condition (PostgreSQL's asks its server).
+    SESSION_OPEN = "1 = 1"
     TOKEN = False  # whether _token tells another connection's commits apart (else every write checks the tables)
 
     path: str
@@ -304,24 +319,53 @@ class Store:
     # ids they bid at DPUs. Statements of their own (no write lock): a fleet's long write must not hold a
     # renewal back.
 
-    def renew_replica(self, replica: str, address: str, lease_s: float) -> list[tuple[str, str]]:
-        """Extend `replica`'s lease to `lease_s` from now on the database's clock (joining if it has no row);
-        returns every replica whose lease is running, itself included, as (id, address)."""
+    def renew_replica(
+        self, replica: str, address: str, lease_s: float, session: Session | None = None
+    ) -> list[tuple[str, str]]:
+        """Extend `replica`'s lease to `lease_s` from now on the database's clock (joining if it has no row),
+        writing through `session` (its service's Store.session); returns the live replicas (live_replicas),
+        as (id, address)."""
+        pid, epoch = session if session is not None else (None, None)
         with self._lock, self._statement() as cur:
             cur.execute(
-                "INSERT INTO replicas(id, address, lease_until, joined) "
-                f"VALUES (?, ?, {self.NOW} + ?, {self.NOW}) "
-                "ON CONFLICT(id) DO UPDATE SET address = excluded.address, lease_until = excluded.lease_until",
-                (replica, address, lease_s),
+                "INSERT INTO replicas(id, address, lease_until, joined, session_pid, session_epoch) "
+                f"VALUES (?, ?, {self.NOW} + ?, {self.NOW}, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET address = excluded.address, lease_until = excluded.lease_until, "
+                "session_pid = excluded.session_pid, session_epoch = excluded.session_epoch",
+                (replica, address, lease_s, pid, epoch),
             )
-            rows = cur.execute(f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} ORDER BY id")
-            return [(r[0], r[1]) for r in rows.fetchall()]
+            return self._live(cur)
 
     def live_replicas(self) -> list[tuple[str, str]]:
-        """Every replica whose lease is running on the database's clock, as (id, address)."""
+        """Every replica whose lease is running on the database's clock and whose session may still be open
+        (one the database shows ended, since it last started, is a replica gone: killed), as (id, address)."""
         with self._lock, self._statement() as cur:
-            rows = cur.execute(f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} ORDER BY id")
-            return [(r[0], r[1]) for r in rows.fetchall()]
+            return self._live(cur)
+
+    def _live(self, cur: Db) -> list[tuple[str, str]]:
+        rows = cur.execute(
+            f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} AND {self.SESSION_OPEN} ORDER BY id"
+        )
+        return [(r[0], r[1]) for r in rows.fetchall()]
+
+    def session(self) -> Session | None:
+        """This store's database session (the server process's id, and when the server started, in seconds
+        since the epoch), or None where the database has none to show (SQLite)."""
+        return None
+
+    def pin_session(self) -> None:
+        """Replace a broken session only through new_session (PostgreSQL's; a file has no sessions)."""
+
+    def session_broken(self) -> bool:
+        """Whether the session is known to have ended."""
+        return False
+
+    def new_session(self) -> None:
+        """Open another session in place of this one."""
+
+    def server_epoch(self) -> float:
+        """When the database server started, in seconds since the epoch (a file: never)."""
+        return 0.0
 
     def leave_replica(self, replica: str) -> None:
         """Give `replica`'s lease up (a replica that stops): the others take its DPUs at once."""

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover: the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
 from .replay import Db
-from .store import REPLICAS_SCHEMA, SCHEMA, Store, shown_db, statements
+from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_replica_session, shown_db, statements
 
 # The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
 WRITE_LOCK = 0x64_70_75_6C_77  # "dpulw"
@@ -61,6 +61,19 @@ def _pg_v2(db: Db) -> None:
         db.execute(sql)
     db.execute("CREATE SEQUENCE IF NOT EXISTS election_ids")
 
+
+def _pg_v3(db: Db) -> None:
+    """Version 3: the session a replica writes through (store.REPLICA_SESSION_COLUMNS), as on SQLite."""
+    add_replica_session(db, real="DOUBLE PRECISION")
+
+
+class SessionLost(sqlite3.OperationalError):
+    """A pinned session (PgStore.pin_session) broke: no call goes through until the replica has stopped
+    writing to DPUs and opened another (PgStore.new_session)."""
+
+
+# When the server running this session started (its sessions all ended then), in seconds since the epoch.
+_SERVER_EPOCH = "extract(epoch from pg_postmaster_start_time())::double precision"
 
 # A statement that only inserts rows (no ON CONFLICT): its table and columns (names of the store's own).
 _PLAIN_INSERT = re.compile(r"INSERT INTO (\w+)\(([\w, ]+)\) VALUES \([?, ]+\)")
@@ -154,16 +167,25 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 class PgStore(Store):
     """The desired state in a PostgreSQL database (store.Store's methods, over psycopg 3)."""
 
-    MIGRATIONS = (_pg_v1, _pg_v2)
+    MIGRATIONS = (_pg_v1, _pg_v2, _pg_v3)
     GREATEST = "GREATEST"
     NOW = "extract(epoch from clock_timestamp())::double precision"
     SHARED = True
+    # A replica's session is over when, since the server last started, its process is no longer there: it was
+    # killed (its connection closed as it died), or its connection ended. Rows written before the server
+    # started again (every session ended then) wait for their lease.
+    SESSION_OPEN = (
+        f"(session_pid IS NULL OR session_epoch IS DISTINCT FROM {_SERVER_EPOCH} "
+        "OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = replicas.session_pid))"
+    )
 
     def __init__(self, url: Path | str, exclusive: bool = False) -> None:
         # `exclusive` is SQLite's: any number of control planes serve one PostgreSQL database, as replicas.
         self.path = shown_db(str(url))
         self.url = str(url)
+        self._pinned = False  # a broken session raises SessionLost rather than being replaced (pin_session)
         self._conn = _connect(self.url)
+        self._session: Session | None = None
         try:
             with _as_store_errors():
                 self._open()
@@ -173,11 +195,48 @@ class PgStore(Store):
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The session, connected again if it broke (the database restarted, or the network failed): that
-        call failed with UNAVAILABLE, the next one goes through once the database answers again."""
+        call failed with UNAVAILABLE, the next one goes through once the database answers again. A pinned
+        session is not replaced here (SessionLost)."""
         if self._conn.closed or self._conn.broken:
-            self._conn.close()
-            self._conn = _connect(self.url)
+            if self._pinned:
+                raise SessionLost(f"{self.path}: the database session ended; waiting for a new one")
+            self._reconnect()
         return self._conn
+
+    def _reconnect(self) -> None:
+        self._conn.close()
+        self._conn = _connect(self.url)
+        self._session = None
+
+    def pin_session(self) -> None:
+        """From now on a broken session is not replaced by the next call (it raises SessionLost) but by
+        new_session: a replica is judged gone by its session (store.SESSION_OPEN), so it must stop writing to
+        DPUs before it writes anything through another one."""
+        self._pinned = True
+
+    def session_broken(self) -> bool:
+        """Whether the session is known to have ended (a call failed on it)."""
+        return bool(self._conn.closed or self._conn.broken)
+
+    def new_session(self) -> None:
+        """Close this session and open another (a pinned store: once its replica stopped writing to DPUs)."""
+        with self._lock, _as_store_errors():
+            self._reconnect()
+
+    def session(self) -> Session:
+        """This store's session: its server process's id, and when that server started."""
+        with self._lock, self._statement():
+            if self._session is None:
+                row = self._conn.execute(f"SELECT pg_backend_pid(), {_SERVER_EPOCH}").fetchone()
+                assert row is not None
+                self._session = (int(row[0]), float(row[1]))
+            return self._session
+
+    def server_epoch(self) -> float:
+        """When the database server started (a session of an earlier start is over, whatever its process id)."""
+        with self._lock, self._statement() as cur:
+            row = cur.execute(f"SELECT {_SERVER_EPOCH}").fetchone()
+        return float(row[0])
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Db]:

@@ -36,15 +36,16 @@ def _fleet(s: Store) -> None:
 
 def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
     s = open_store(db)
-    assert s.schema_version() == 2  # 2: the replicas table (and, on PostgreSQL, the election id sequence)
+    # 2: the replicas table (and, on PostgreSQL, the election id sequence); 3: the replicas' sessions
+    assert s.schema_version() == 3
     assert s.renew_replica("r1", "127.0.0.1:1", 60.0) == [("r1", "127.0.0.1:1")]
     s.close()
     s = open_store(db)  # opening again migrates nothing
-    assert s.schema_version() == 2
+    assert s.schema_version() == 3
     assert s.live_replicas() == [("r1", "127.0.0.1:1")]
     s.close()
-    behind(db, "INSERT INTO schema_version(version, applied) VALUES (3, 'by a newer control plane')")
-    with pytest.raises(sqlite3.DatabaseError, match="schema version 3 is newer than this control plane's"):
+    behind(db, "INSERT INTO schema_version(version, applied) VALUES (4, 'by a newer control plane')")
+    with pytest.raises(sqlite3.DatabaseError, match="schema version 4 is newer than this control plane's"):
         open_store(db)
 
 

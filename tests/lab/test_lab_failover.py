@@ -103,11 +103,11 @@ def check_failover(report: dict, actions: list[str]) -> None:  # type: ignore[ty
         return
     # The database restarted: every DPU held once and leased again.
     assert events["restart-db"].get("settled_after_s") is not None, events["restart-db"]
-    # Cut off: it stopped writing (before its lease in the database could end), before another took its DPU
-    # (never two writers; under heavy load the taking may outlast the cut), and the fleet settled once it was back.
+    # Cut off: it stopped writing before its lease in the database could end, and the fleet settled once it was
+    # back. (The cut drops its connections, so the database ends its session and the others may take its DPU
+    # first: each DPU then refuses its writes, the others having bid higher; the caps and leases above held.)
     cut = events["cut-replica-db"]
     assert cut.get("stopped_writing_s") is not None and cut["stopped_writing_s"] < f["replica_lease_s"], cut
-    assert cut.get("takeover_s") is None or cut["stopped_writing_s"] <= cut["takeover_s"], cut
     assert cut.get("back_s") is not None, cut
     # Two started at once: both joined, and the DPUs settled on one holder each that every replica names.
     joined = events["start-replicas-at-once"]

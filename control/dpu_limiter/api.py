@@ -293,7 +293,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
             # time (~10 ms), which between them keeps renewing leases and answering other calls. (A worker
             # thread would not spare the loop: it takes the interpreter lock in turns with it, 5 ms each,
             # and the loop, which gives the lock up at every poll, waited for it again and again.)
-            agents, busy, more = self.service.status_snapshot(request.page_token, request.page_size)
+            agents, busy, more = self.service.status_snapshot(request.page_token, request.page_size, request.held_here)
             if more:
                 out.next_page_token = agents[-1][0]
             for start in range(0, len(agents), ON_LOOP_ROWS):

@@ -236,7 +236,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     usage.add_argument("--watch", action="store_true", help="keep showing rates (bit/s) until Ctrl-C")
     usage.add_argument("--interval", type=float, default=1.0, help="seconds between samples with --watch")
     usage.add_argument("--per-dpu", action="store_true", help="each DPU's own counters too (a node's, with node DPUs)")
-    sub.add_parser("status", help="whether every DPU holds the desired state")
+    status = sub.add_parser("status", help="whether every DPU holds the desired state")
+    status.add_argument(
+        "--held-here", action="store_true", help="only the DPUs the replica asked holds (not those held elsewhere)"
+    )
     for p in (cset, cget, usage, sub.choices["status"], ap_apply, ap_delete, get):
         p.add_argument("--server", default=DEFAULT_SERVER, help=f"control plane address (default {DEFAULT_SERVER})")
         p.add_argument("--json", action="store_true", help="JSON output for scripts")
@@ -484,7 +487,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
         elif args.cmd == "usage":
             msg = await c.usage(args.pod, args.per_dpu)
         else:
-            msg = await c.status()
+            msg = await c.status(held_here=args.held_here)
     doc = as_dict(msg)
     if args.json:
         print(json.dumps(doc, indent=2))

@@ -155,10 +155,12 @@ class LimiterClient:
         async for sample in self.stub.WatchUsage(request):
             yield sample
 
-    async def status(self, page_size: int = 0, page_token: str = "") -> Status:
+    async def status(self, page_size: int = 0, page_token: str = "", held_here: bool = False) -> Status:
         """Reconciliation status of every DPU (or of a page of them, in order of name: `page_size` rows
-        after `page_token`, the answer's `next_page_token` where the next page starts)."""
-        answer: Status = await self.stub.GetStatus(pb.GetStatusRequest(page_size=page_size, page_token=page_token))
+        after `page_token`, the answer's `next_page_token` where the next page starts; with `held_here`, of
+        the DPUs this replica holds only)."""
+        request = pb.GetStatusRequest(page_size=page_size, page_token=page_token, held_here=held_here)
+        answer: Status = await self.stub.GetStatus(request)
         return answer
 
     async def apply(

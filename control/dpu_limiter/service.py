@@ -1037,12 +1037,15 @@ class LimiterService:
             raise NotFound("pod", pod, "the pod has no cap (its DPUs pass only intra-pod traffic between nodes)")
         return cap
 
-    def status_snapshot(self, after: str = "", limit: int = 0) -> StatusSnapshot:
+    def status_snapshot(self, after: str = "", limit: int = 0, held_here: bool = False) -> StatusSnapshot:
         """The agents (by name: those after `after`, at most `limit` of them if not 0; None for a DPU another
-        replica holds), the pods mid-reshare, and whether agents follow the page, as they are now (so that
-        `status` can make their rows a slice at a time, while the loop changes the agents in between)."""
+        replica holds, unless `held_here` leaves those out), the pods mid-reshare, and whether agents follow the
+        page, as they are now (so that `status` can make their rows a slice at a time, while the loop changes
+        the agents in between)."""
         busy = set(self._reshare_due) | {p for p, t in self._resharing.items() if not t.done()}
         names = self._names()
+        if held_here:
+            names = [n for n in names if n in self.agents]
         start = bisect.bisect_right(names, after) if after else 0
         end = start + limit if limit else len(names)
         return [(n, self.agents.get(n)) for n in names[start:end]], busy, end < len(names)

@@ -151,6 +151,8 @@ async def test_status_comes_in_pages_in_order_of_name(client: LimiterClient) -> 
                 break
         assert seen == names and pages == -(-len(names) // size)
     assert [d.name for d in (await client.status(page_size=2, page_token="dpu-04")).dpus] == ["dpu-05", "dpu-06"]
+    # One control plane holds every DPU: its own are the fleet.
+    assert [d.name for d in (await client.status(held_here=True)).dpus] == names
     for request, field in (
         (pb.GetStatusRequest(page_size=-1), "page_size"),
         (pb.GetStatusRequest(page_token="A B"), "page_token"),

@@ -73,6 +73,13 @@ async def test_replicas_spread_the_dpus_and_each_has_one_primary(pg_url: str) ->
                     holder = held[name][0]
                     assert row.lease_state == ELSEWHERE and not row.primary, row
                     assert f"{holder} at {planes[holder].address}" in row.last_error, row
+            # Its own only (held_here): the rows of the DPUs it holds, in order of name, paged alike.
+            async with LimiterClient(plane.address) as c:
+                own = [d.name for d in (await c.status(held_here=True)).dpus]
+                first = await c.status(page_size=1, held_here=True)
+            assert own == sorted(n for n, h in held.items() if h == [r]) and own
+            assert [d.name for d in first.dpus] == own[:1]
+            assert first.next_page_token == ("" if len(own) == 1 else own[0])
             # Usage of a pod held elsewhere names the holder rather than reading as idle.
             async with LimiterClient(plane.address) as c:
                 elsewhere = next(p for p in pods if held[f"dpu-{p}"] != [r])

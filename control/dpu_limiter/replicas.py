@@ -157,8 +157,10 @@ class Replicas:
         loop = asyncio.get_running_loop()
         sent = loop.time()  # the database sets the lease after this: it ends no earlier than sent + lease
         try:
+            # Fenced (or joining), a lease that ended starts again; holding DPUs, it must not: the others may
+            # have taken them (the lease ran out, or another replica ended it, our session being over).
             live = await asyncio.to_thread(
-                self._store().renew_replica, self.id, self.address, self.lease_s, self._session
+                self._store().renew_replica, self.id, self.address, self.lease_s, self._session, self.fenced
             )
         except Exception:
             self._drop_registry()
@@ -169,11 +171,14 @@ class Replicas:
 
     async def _new_session(self) -> None:
         """Write through another database session: the service's broke, or the database shows it ended. Unless
-        the database started again since (every session ended then, and the others wait for leases), the others
-        may have taken this replica for gone and its DPUs over: it stops writing to them first."""
+        the database started again since (every session ended then, and the others wait for leases) and no
+        replica took this one for gone before that (it would have ended our lease: PgStore._live), the others
+        may have taken this replica's DPUs over: it stops writing to them first."""
         store = self.service.store
         if not self.fenced and (
-            self._session is None or await asyncio.to_thread(self._store().server_epoch) == self._session[1]
+            self._session is None
+            or await asyncio.to_thread(self._store().server_epoch) == self._session[1]
+            or self.id not in dict(await asyncio.to_thread(self._store().live_replicas))
         ):
             LOG.warning("replica %s: our database session ended: stopping every DPU's agent", self.id)
             await self._fence()

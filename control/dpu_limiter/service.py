@@ -139,6 +139,9 @@ class LimiterService:
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
         self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
+        # Until when (monotonic) a DPU taken over from another replica may hold a lease that replica wrote: it may
+        # be alive, taken for gone by its database session, and renew its DPUs until it notices (replicas.py).
+        self._foreign_until: dict[str, float] = {}
         # Window-mode shrinks not yet in effect: the ticket that confirms each, and its window.
         self._aging: dict[str, tuple[int, float]] = {}
         self._grow_after: dict[str, float] = {}  # pods whose shares may not grow before then (monotonic)
@@ -198,6 +201,12 @@ class LimiterService:
         """Start agents for the DPUs of `pods` (at start, or taken over from another replica), resuming what
         the store says of them: the control plane that held them before may have stopped mid-move."""
         names = {n for p in pods for n in self._indexed()[1].get(p, ())}
+        if self.store.SHARED:
+            # The replica that held them may be alive, taken for gone by its session (replicas.py), and renew
+            # their leases at its shares until it notices: within its replica lease, each lease then running
+            # one more lease. Until then, one that does not confirm a smaller share holds its pod's growth back.
+            until = self.clock.monotonic() + self.settings.replica_lease_s + self.lease_s
+            self._foreign_until.update(dict.fromkeys(names, until))
         # The shares an earlier control plane granted (stored before any DPU was told): resumed as they
         # are, so that the first pass shrinks and grows from what the DPUs may hold, not from nothing.
         granted = await asyncio.to_thread(self.store.load_grants)
@@ -279,7 +288,14 @@ class LimiterService:
         for a in agents:
             name = a.dpu.name
             self.agents.pop(name, None)
-            for kept in (self.shares, self._samples, self._unconfirmed, self._granted_at, self._aging):
+            for kept in (
+                self.shares,
+                self._samples,
+                self._unconfirmed,
+                self._granted_at,
+                self._aging,
+                self._foreign_until,
+            ):
                 kept.pop(name, None)  # type: ignore[attr-defined]
         self._sorted = None
         await asyncio.gather(*(a.stop() for a in agents))
@@ -660,9 +676,10 @@ class LimiterService:
         An intent taken before the grant carries a lease generation issued before it, and a lease
         ends at its generation's issue plus the lifetime on the DPU's own clock (limiter.p4's
         deadline, placed by the agent), whenever it was written and whether or not a packet used it.
-        Intents taken since carry the granted share.
+        Intents taken since carry the granted share. A DPU taken over from a replica that may still be
+        renewing it (_foreign_until) holds that replica's leases until then.
         """
-        return self._granted_at.get(name, -math.inf) + self.lease_s
+        return max(self._granted_at.get(name, -math.inf) + self.lease_s, self._foreign_until.get(name, -math.inf))
 
     async def _held_back(self, pod: str, tickets: dict[str, int], step_timeout: float) -> None:
         """Wait until no ticketed DPU can pass more than it is granted now: each has confirmed (read back)
@@ -973,6 +990,7 @@ class LimiterService:
                 self._samples.pop(c.name, None)
                 self._unconfirmed.pop(c.name, None)
                 self._granted_at.pop(c.name, None)
+                self._foreign_until.pop(c.name, None)
                 self._aging.pop(c.name, None)
                 pods.update((d.pod, None) for d in (c.before, c.after) if isinstance(d, Dpu))
                 if isinstance(c.after, Dpu) and self.owns(c.after.pod):

@@ -320,19 +320,23 @@ class Store:
     # renewal back.
 
     def renew_replica(
-        self, replica: str, address: str, lease_s: float, session: Session | None = None
+        self, replica: str, address: str, lease_s: float, session: Session | None = None, join: bool = True
     ) -> list[tuple[str, str]]:
         """Extend `replica`'s lease to `lease_s` from now on the database's clock (joining if it has no row),
         writing through `session` (its service's Store.session); returns the live replicas (live_replicas),
-        as (id, address)."""
+        as (id, address). Without `join` a lease that ended (or that another replica ended, having taken
+        `replica` for gone: PgStore._live) is not extended: a replica holding DPUs must not come back to life
+        behind the others' backs; it finds itself not live, stops writing, and joins again."""
         pid, epoch = session if session is not None else (None, None)
         with self._lock, self._statement() as cur:
             cur.execute(
                 "INSERT INTO replicas(id, address, lease_until, joined, session_pid, session_epoch) "
                 f"VALUES (?, ?, {self.NOW} + ?, {self.NOW}, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET address = excluded.address, lease_until = excluded.lease_until, "
+                "ON CONFLICT(id) DO UPDATE SET address = excluded.address, "
+                f"lease_until = CASE WHEN ? OR replicas.lease_until > {self.NOW} "
+                "THEN excluded.lease_until ELSE replicas.lease_until END, "
                 "session_pid = excluded.session_pid, session_epoch = excluded.session_epoch",
-                (replica, address, lease_s, pid, epoch),
+                (replica, address, lease_s, pid, epoch, join),
             )
             return self._live(cur)
 

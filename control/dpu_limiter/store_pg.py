@@ -72,8 +72,15 @@ class SessionLost(sqlite3.OperationalError):
     writing to DPUs and opened another (PgStore.new_session)."""
 
 
-# When the server running this session started (its sessions all ended then), in seconds since the epoch.
-_SERVER_EPOCH = "extract(epoch from pg_postmaster_start_time())::double precision"
+# When the server running this session last ended every session, in seconds since the epoch: it started, or
+# it recovered from a crash (one server process died: the postmaster ends all the others and recovers, with no
+# new start time; the cumulative statistics are reset then, and pg_stat_bgwriter's reset time says when). An
+# operator's pg_stat_reset_shared('bgwriter') moves it too: the rows of before wait for their leases (slower,
+# never wrong).
+_SERVER_EPOCH = (
+    "extract(epoch from GREATEST(pg_postmaster_start_time(), (SELECT stats_reset FROM pg_stat_bgwriter)))"
+    "::double precision"
+)
 
 # A statement that only inserts rows (no ON CONFLICT): its table and columns (names of the store's own).
 _PLAIN_INSERT = re.compile(r"INSERT INTO (\w+)\(([\w, ]+)\) VALUES \([?, ]+\)")
@@ -192,6 +199,19 @@ class PgStore(Store):
         except BaseException:
             self._conn.close()
             raise
+
+    def _live(self, cur: Db) -> list[tuple[str, str]]:
+        """As Store._live; and a row left out for its session (a replica taken for gone) has its lease ended in
+        the same statement (one view of the sessions): the judgement outlives a restart of the server, after
+        which the session says nothing (the replica, not yet aware, must not hold on: Replicas._new_session),
+        and a later session given the same process id."""
+        rows = cur.execute(
+            f"WITH gone AS (UPDATE replicas SET lease_until = {self.NOW} "
+            f"WHERE lease_until > {self.NOW} AND NOT {self.SESSION_OPEN} RETURNING id) "
+            f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} AND {self.SESSION_OPEN} "
+            "AND id NOT IN (SELECT id FROM gone) ORDER BY id"
+        )
+        return [(r[0], r[1]) for r in rows.fetchall()]
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The session, connected again if it broke (the database restarted, or the network failed): that

@@ -24,7 +24,7 @@ from dpu_limiter.store_pg import PgStore, SessionLost
 from dpu_limiter.stores import open_store
 from helpers import replica_fleet
 from helpers.postgres import Cluster
-from helpers.replica_fleet import REPLICA_LEASE_S, LapseWatch, holders, settled, settled_fleet, until
+from helpers.replica_fleet import LEASE_S, REPLICA_LEASE_S, LapseWatch, only_held_by, settled, settled_fleet, until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -95,9 +95,7 @@ async def test_a_replica_whose_session_the_database_ended_stops_writing_and_join
     others having bid higher) and joins again through a new session; no DPU's lease lapses."""
     ids = ["r1", "r2"]
     async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, _pods):
-        (theirs,) = [n for n, (r,) in holders(planes).items() if r == "r2"]
-        r2 = planes["r2"].replicas
-        assert r2 is not None
+        theirs = only_held_by(planes, "r2")
         before = planes["r2"].service.agents[theirs]
         session = planes["r2"].service.store.session()
         assert session is not None
@@ -108,6 +106,10 @@ async def test_a_replica_whose_session_the_database_ended_stops_writing_and_join
             # The others take r2 for gone at once: r1 holds its DPU well before r2's lease (4 s) could end.
             took = await until(lambda: theirs in planes["r1"].service.agents, 3 * REPLICA_LEASE_S, "r1 takes it")
             assert took < REPLICA_LEASE_S, took
+            # r2, alive, may renew the DPU's lease at its share until it notices (within its replica lease):
+            # until each such lease has ended, the DPU not confirming a smaller share from r1 holds growth back.
+            r1 = planes["r1"].service
+            assert r1.lapse_at(theirs) >= r1.clock.monotonic() + LEASE_S + REPLICA_LEASE_S - took - 0.5
             await until(lambda: planes["r2"].service._fences > fences, 3 * REPLICA_LEASE_S, "r2 stops writing")
             await until(lambda: settled(planes, dpus), 60, "r2 holds its DPU again")
             print(f"r1 held r2's DPU {took:.2f} s after r2's session ended; r2 back {time.monotonic() - ended:.2f} s")

@@ -134,6 +134,12 @@ def holders(planes: dict[str, ControlPlane]) -> dict[str, list[str]]:
     return out
 
 
+def only_held_by(planes: dict[str, ControlPlane], replica: str) -> str:
+    """The one DPU `replica` holds."""
+    (name,) = [n for n, (r,) in holders(planes).items() if r == replica]
+    return name
+
+
 def settled(planes: dict[str, ControlPlane], dpus: dict[str, Target]) -> bool:
     """Every DPU held by exactly one replica, the one rendezvous hashing over `planes` gives its pod, whose agent
     is the DPU's only primary and has converged with a lease."""

@@ -98,7 +98,7 @@ class Replicas:
         self._rejoin = False  # renewed after a fence: take pods again
         self.takeovers = 0  # DPUs taken over since start (for tests and logs)
         # The database session the service writes through, as renewals name it: when the database shows it
-        # ended, the others take this replica for gone (killed) without waiting for its lease (store.SESSION_OPEN).
+        # ended, the others cut this replica's lease to a grace (killed: its DPUs move then, not a lease later).
         self._session: Session | None = None
 
     def _store(self) -> Store:
@@ -170,20 +170,14 @@ class Replicas:
         self.live = dict(live)
 
     async def _new_session(self) -> None:
-        """Write through another database session: the service's broke, or the database shows it ended. Unless
-        the database started again since (every session ended then, and the others wait for leases) and no
-        replica took this one for gone before that (it would have ended our lease: PgStore._live), the others
-        may have taken this replica's DPUs over: it stops writing to them first."""
+        """Write through another database session (the service's broke, or the database shows it ended), and
+        renew at once naming it. A lease still running (the others take a replica whose session ended for gone
+        only once its grace ran out: PgStore._live) is extended and nothing moved: the replica holds on. One
+        that ended is not (renew_replica's join): the replica finds itself not live, stops, and joins again."""
         store = self.service.store
-        if not self.fenced and (
-            self._session is None
-            or await asyncio.to_thread(self._store().server_epoch) == self._session[1]
-            or self.id not in dict(await asyncio.to_thread(self._store().live_replicas))
-        ):
-            LOG.warning("replica %s: our database session ended: stopping every DPU's agent", self.id)
-            await self._fence()
         await asyncio.to_thread(store.new_session)
         self._session = await asyncio.to_thread(store.session)
+        await self._renew()
 
     async def _election_id(self) -> int:
         return await asyncio.to_thread(self._store().next_election_id) + self.service.settings.election_id
@@ -210,21 +204,20 @@ class Replicas:
         while True:
             await asyncio.sleep(self.poll_s)
             try:
-                if self.service.store.session_broken():
+                if self.service.store.session_broken() or await asyncio.to_thread(self._store().session_ended, self.id):
                     await self._new_session()
-                if loop.time() >= self._renew_at or self.fenced:
+                elif loop.time() >= self._renew_at or self.fenced:
                     await self._renew()
-                    self._rejoin = self._rejoin or self.fenced
                 else:
                     self.live = dict(await asyncio.to_thread(self._store().live_replicas))
                 if self.id not in self.live:
-                    # By the database's clock our lease ended, or by its sessions ours did (the others take
-                    # our DPUs now): stop, and join again through a session of our own.
+                    # By the database's clock our lease ended (or its grace did, our session having ended): the
+                    # others take our DPUs now. Stop; the next poll joins again.
                     if not self.fenced:
-                        LOG.warning("replica %s: the database says our lease or session ended", self.id)
+                        LOG.warning("replica %s: the database says our lease ended", self.id)
                         await self._fence()
-                    await self._new_session()
                     continue
+                self._rejoin = self._rejoin or self.fenced
                 self._head = await asyncio.to_thread(self._store().log_head)
                 self._wake.set()
             except asyncio.CancelledError:

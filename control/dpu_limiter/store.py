@@ -133,8 +133,6 @@ class Store:
     # The database's clock in seconds since the epoch, as an expression: replicas' leases are judged on it.
     NOW = "((julianday('now') - 2440587.5) * 86400.0)"
     SHARED = False  # whether several serving control planes (replicas) may share the database
-    # Whether a replicas row's session may still be open, as an SQL condition (PostgreSQL's asks its server).
-    SESSION_OPEN = "1 = 1"
     TOKEN = False  # whether _token tells another connection's commits apart (else every write checks the tables)
 
     path: str
@@ -324,9 +322,11 @@ class Store:
     ) -> list[tuple[str, str]]:
         """Extend `replica`'s lease to `lease_s` from now on the database's clock (joining if it has no row),
         writing through `session` (its service's Store.session); returns the live replicas (live_replicas),
-        as (id, address). Without `join` a lease that ended (or that another replica ended, having taken
-        `replica` for gone: PgStore._live) is not extended: a replica holding DPUs must not come back to life
-        behind the others' backs; it finds itself not live, stops writing, and joins again."""
+        as (id, address). Without `join` a lease that ended (it ran out, or ran out its grace once its session
+        ended: PgStore._live) is not extended: the others may have taken the DPUs of a replica that held them;
+        it must not come back to life behind their backs, but find itself not live, stop writing, and join
+        again. A lease still running is extended, naming the new session (a replica whose session the database
+        ended, back within its grace, holds on)."""
         pid, epoch = session if session is not None else (None, None)
         with self._lock, self._statement() as cur:
             cur.execute(
@@ -341,16 +341,18 @@ class Store:
             return self._live(cur)
 
     def live_replicas(self) -> list[tuple[str, str]]:
-        """Every replica whose lease is running on the database's clock and whose session may still be open
-        (one the database shows ended, since it last started, is a replica gone: killed), as (id, address)."""
+        """Every replica whose lease is running on the database's clock, as (id, address). (PostgreSQL's first
+        cuts the lease of a replica whose session it shows ended to SESSION_GRACE_S: PgStore._live.)"""
         with self._lock, self._statement() as cur:
             return self._live(cur)
 
     def _live(self, cur: Db) -> list[tuple[str, str]]:
-        rows = cur.execute(
-            f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} AND {self.SESSION_OPEN} ORDER BY id"
-        )
+        rows = cur.execute(f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} ORDER BY id")
         return [(r[0], r[1]) for r in rows.fetchall()]
+
+    def session_ended(self, replica: str) -> bool:
+        """Whether the database shows the session `replica` last renewed through ended (a file: never)."""
+        return False
 
     def session(self) -> Session | None:
         """This store's database session (the server process's id, and when the server started, in seconds
@@ -366,10 +368,6 @@ class Store:
 
     def new_session(self) -> None:
         """Open another session in place of this one."""
-
-    def server_epoch(self) -> float:
-        """When the database server started, in seconds since the epoch (a file: never)."""
-        return 0.0
 
     def leave_replica(self, replica: str) -> None:
         """Give `replica`'s lease up (a replica that stops): the others take its DPUs at once."""

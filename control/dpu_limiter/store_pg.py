@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover: the [postgres] extra is not installed
 
 from .replay import Db
 from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_replica_session, shown_db, statements
+from .units import SESSION_GRACE_S
 
 # The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
 WRITE_LOCK = 0x64_70_75_6C_77  # "dpulw"
@@ -68,8 +69,8 @@ def _pg_v3(db: Db) -> None:
 
 
 class SessionLost(sqlite3.OperationalError):
-    """A pinned session (PgStore.pin_session) broke: no call goes through until the replica has stopped
-    writing to DPUs and opened another (PgStore.new_session)."""
+    """A pinned session (PgStore.pin_session) broke: no call goes through until the replica has opened another
+    and renewed its lease naming it (PgStore.new_session, Replicas._new_session)."""
 
 
 # When the server running this session last ended every session, in seconds since the epoch: it started, or
@@ -180,7 +181,7 @@ class PgStore(Store):
     SHARED = True
     # A replica's session is over when, since the server last started, its process is no longer there: it was
     # killed (its connection closed as it died), or its connection ended. Rows written before the server
-    # started again (every session ended then) wait for their lease.
+    # started again (every session ended then) say nothing: their leases decide.
     SESSION_OPEN = (
         f"(session_pid IS NULL OR session_epoch IS DISTINCT FROM {_SERVER_EPOCH} "
         "OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = replicas.session_pid))"
@@ -201,17 +202,23 @@ class PgStore(Store):
             raise
 
     def _live(self, cur: Db) -> list[tuple[str, str]]:
-        """As Store._live; and a row left out for its session (a replica taken for gone) has its lease ended in
-        the same statement (one view of the sessions): the judgement outlives a restart of the server, after
-        which the session says nothing (the replica, not yet aware, must not hold on: Replicas._new_session),
-        and a later session given the same process id."""
-        rows = cur.execute(
-            f"WITH gone AS (UPDATE replicas SET lease_until = {self.NOW} "
-            f"WHERE lease_until > {self.NOW} AND NOT {self.SESSION_OPEN} RETURNING id) "
-            f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} AND {self.SESSION_OPEN} "
-            "AND id NOT IN (SELECT id FROM gone) ORDER BY id"
+        """As Store._live, once every running lease whose session the database shows ended is cut to
+        SESSION_GRACE_S from now (in the same statement, so one view of the sessions): a killed replica's DPUs
+        move then, not a whole lease later; one alive whose connection dropped renews through a new session
+        within the grace (Replicas._new_session) and holds on. The cut outlives a restart of the server, after
+        which the session says nothing, and a later session given the same process id."""
+        cur.execute(
+            f"UPDATE replicas SET lease_until = {self.NOW} + ? "
+            f"WHERE lease_until > {self.NOW} + ? AND NOT {self.SESSION_OPEN}",
+            (SESSION_GRACE_S, SESSION_GRACE_S),
         )
-        return [(r[0], r[1]) for r in rows.fetchall()]
+        return super()._live(cur)
+
+    def session_ended(self, replica: str) -> bool:
+        """Whether the database shows the session `replica` last renewed through ended (SESSION_OPEN)."""
+        with self._lock, self._statement() as cur:
+            row = cur.execute(f"SELECT NOT {self.SESSION_OPEN} FROM replicas WHERE id = ?", (replica,)).fetchone()
+        return bool(row and row[0])
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The session, connected again if it broke (the database restarted, or the network failed): that
@@ -230,8 +237,8 @@ class PgStore(Store):
 
     def pin_session(self) -> None:
         """From now on a broken session is not replaced by the next call (it raises SessionLost) but by
-        new_session: a replica is judged gone by its session (store.SESSION_OPEN), so it must stop writing to
-        DPUs before it writes anything through another one."""
+        new_session: the replica's lease names its session (SESSION_OPEN), and must name the new one before the
+        replica goes on, else its grace runs out while it writes."""
         self._pinned = True
 
     def session_broken(self) -> bool:
@@ -251,12 +258,6 @@ class PgStore(Store):
                 assert row is not None
                 self._session = (int(row[0]), float(row[1]))
             return self._session
-
-    def server_epoch(self) -> float:
-        """When the database server started (a session of an earlier start is over, whatever its process id)."""
-        with self._lock, self._statement() as cur:
-            row = cur.execute(f"SELECT {_SERVER_EPOCH}").fetchone()
-        return float(row[0])
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Db]:

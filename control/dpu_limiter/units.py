@@ -37,6 +37,9 @@ DEFAULT_LEASE_S = 30.0
 REPLICA_LEASE_S = 6.0
 BACKUP_STREAMS = 1  # replicas after each pod's holder that keep backup streams to its DPUs (the next in line)
 POLL_S = 0.2
+# A replica whose database session ended (killed, or its connection dropped) keeps this much of its lease:
+# alive, it takes a new session and renews within it (a poll or a few); dead, the others take its DPUs then.
+SESSION_GRACE_S = 2.0
 # How much slower than the control plane's a DPU's clock may run (a crystal's tolerance, with room):
 # a lease's deadline on the DPU's clock is placed this much early, so that it never ends later than
 # the control plane counts on.

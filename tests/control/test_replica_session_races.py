@@ -1,4 +1,4 @@
-"""Races of judging a replica gone by its database session (store.SESSION_OPEN, replicas.Replicas._new_session).
+"""Races of judging a replica gone by its database session (PgStore._live, replicas.Replicas._new_session).
 
 Each test states a guarantee docs/replicas.md gives ("Who holds which DPU", "Fencing") and drives the database
 into a case the session rule must get right: PostgreSQL's crash recovery (every backend ends, the server's start
@@ -21,7 +21,7 @@ import pytest
 
 from helpers import replica_fleet
 from helpers.postgres import Cluster
-from helpers.replica_fleet import LapseWatch, holders, settled, settled_fleet, until
+from helpers.replica_fleet import LapseWatch, holders, resume_poll, settled, settled_fleet, stall_poll, until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -59,7 +59,7 @@ async def test_crash_recovery_ends_every_session_and_nobody_stops(
     """PostgreSQL's crash recovery (one backend died: the postmaster ends all the others and recovers) ends every
     session as a restart does, but keeps the server's start time. As for a restart, the leases should decide and
     nobody should stop writing while the database is away for less than a lease."""
-    monkeypatch.setattr(replica_fleet, "REPLICA_LEASE_S", 12.0)
+    monkeypatch.setattr(replica_fleet, "REPLICA_LEASE_S", 60.0)  # CI has seen recovery take 22 s
     ids = ["r1", "r2"]
     async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, _pods):
         fences = {r: p.service._fences for r, p in planes.items()}
@@ -88,11 +88,11 @@ async def test_crash_recovery_ends_every_session_and_nobody_stops(
 async def test_a_replica_taken_for_gone_before_a_restart_stops_writing_before_it_holds_again(
     pg_cluster: Cluster, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """r2's session ends (its connection dropped, or an operator's pg_terminate_backend) and r1 takes its DPU at
-    once; the database restarts before r2 has noticed (its poll late: a busy loop, a slow network). _new_session
-    skips the fence ("the server started again meanwhile": the others wait for leases), yet the others did not
-    wait: they had taken its DPU. r2 must still stop writing before it holds anything again, as the docs say of a
-    replica whose session ended; else it resumes with the agents and the shares it had before r1 held the pod."""
+    """r2's session ends (its connection dropped, or an operator's pg_terminate_backend) while its poll stalls
+    (a busy loop, a slow network), and r1 takes its DPU when r2's grace runs out; the database restarts before r2
+    has noticed. On the new server r2's session says nothing (every session of before ended), yet its lease was
+    ended with the grace: r2 must stop writing before it holds anything again, else it resumes with the agents
+    and the shares it had before r1 held the pod."""
     monkeypatch.setattr(replica_fleet, "REPLICA_LEASE_S", 20.0)  # the restart well inside r2's lease and fence
     ids = ["r1", "r2"]
     async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, _pods):
@@ -103,23 +103,13 @@ async def test_a_replica_taken_for_gone_before_a_restart_stops_writing_before_it
         fences = planes["r2"].service._fences
         session = planes["r2"].service.store.session()
         assert session is not None
-        # r2's poll falls behind (its task runs, just late).
-        r2.poll_s = 1000.0
-        await asyncio.sleep(0.6)
-        (poll,) = [t for t in r2._tasks if t.get_name() == "replica-poll"]
+        poll = await stall_poll(r2)
         pg_cluster.sql(pg_url, f"SELECT pg_terminate_backend({session[0]})")
-        await until(lambda: theirs in planes["r1"].service.agents, 10, "r1 takes r2's DPU (r2's session ended)")
+        await until(lambda: theirs in planes["r1"].service.agents, 10, "r1 takes r2's DPU (r2's grace ran out)")
         await until(lambda: dpus[theirs].primaries() != [before.switch.election_id], 10, "r1 outbids r2")
         await asyncio.to_thread(pg_cluster.crash)
         await asyncio.to_thread(pg_cluster.start)
-        # r2's poll comes round again.
-        poll.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await poll
-        r2.poll_s = 0.2
-        r2._tasks = [t for t in r2._tasks if t is not poll] + [
-            asyncio.get_running_loop().create_task(r2._poll(), name="replica-poll")
-        ]
+        await resume_poll(r2, poll)
         with contextlib.suppress(sqlite3.OperationalError):  # a call of r2's service finds its session gone
             await asyncio.to_thread(planes["r2"].service.store.log_head)
         await until(lambda: theirs not in planes["r1"].service.agents, 30, "r1 lets r2's DPU go (r2 live again)")

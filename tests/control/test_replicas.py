@@ -32,6 +32,7 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
+from dpu_limiter.units import SESSION_GRACE_S
 from helpers import postgres
 from helpers.postgres import Cluster
 from helpers.processes import free_port, stop, wait_port
@@ -42,6 +43,7 @@ from helpers.replica_fleet import (
     LapseWatch,
     fleet,
     holders,
+    lease_left,
     pods_for,
     replicas,
     settings,
@@ -126,7 +128,8 @@ async def test_a_killed_serve_process_s_dpus_move_before_any_lease_lapses(pg_url
     ids = ["r1", "r2"]
     pods = pods_for(ids, 2)
     port = free_port()
-    command = serve_command(pg_url, port, "r2")
+    # A replica lease well beyond the grace its session's end leaves it: its DPUs move when that runs out.
+    command = serve_command(pg_url, port, "r2", replica_lease_s=4 * SESSION_GRACE_S)
     log = tmp_path / "r2.log"
     async with targets(len(pods)) as ts, replicas(pg_url, ["r1"]) as planes:
         with log.open("ab") as out:
@@ -176,9 +179,9 @@ async def test_a_killed_serve_process_s_dpus_move_before_any_lease_lapses(pg_url
             assert watch.lapsed() == [], watch.least
             # (Promoted between r2's death and r1's bid, if seen: a fraction of a second now.)
             assert written_as_standby == [] and promoted <= set(theirs)
-            # Its connection closed as it died, its database session with it: r1 took its DPUs without waiting
-            # for its lease (REPLICA_LEASE_S, renewed every sixth of it), store.SESSION_OPEN.
-            assert taken_at[0] - killed < REPLICA_LEASE_S * 5 / 6, taken_at[0] - killed
+            # Its connection closed as it died, its database session with it: r1 took its DPUs once the grace
+            # that left it ran out, without waiting for its lease (renewed every sixth of it: PgStore._live).
+            assert SESSION_GRACE_S * 0.9 < taken_at[0] - killed < 4 * SESSION_GRACE_S * 5 / 6, taken_at[0] - killed
             # Taken over on the streams open before the kill: the same agents, bidding anew, the only streams.
             for n in theirs:
                 agent = planes["r1"].service.agents[n]
@@ -247,25 +250,12 @@ async def test_a_replica_cut_off_from_the_database_stops_writing_before_its_leas
             await until(lambda: cut_off.fenced, 2 * REPLICA_LEASE_S, "r2 fences itself")
             # Stopped writing, while the database still counts it live: nobody has taken over yet.
             assert not planes["r2"].service.agents
-            left = lease_left(pg_cluster, pg_url, "r2")
+            left = lease_left(pg_url, "r2")
             assert left > 0, left
             assert theirs not in planes["r1"].service.agents
             await until(lambda: settled({"r1": planes["r1"]}, dpus), 3 * LEASE_S, "r1 takes r2's DPU")
         assert watch.lapsed() == [], watch.least
         print(f"r2 stopped writing {left:.2f} s before its lease ended by the database's clock")
-
-
-def lease_left(cluster: Cluster, url: str, replica: str) -> float:
-    """How long `replica`'s lease runs on, by the database's clock (s)."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT lease_until - extract(epoch from clock_timestamp())::double precision FROM replicas WHERE id = %s",
-            (replica,),
-        ).fetchone()
-    assert row is not None
-    return float(row[0])
 
 
 async def test_two_replicas_started_at_once_on_a_fresh_database_both_serve(pg_url: str, tmp_path: Path) -> None:
@@ -293,11 +283,11 @@ async def test_two_replicas_started_at_once_on_a_fresh_database_both_serve(pg_ur
         assert "Traceback" not in log, log
 
 
-def serve_command(url: str, port: int, replica: str) -> list[str]:
+def serve_command(url: str, port: int, replica: str, replica_lease_s: float = REPLICA_LEASE_S) -> list[str]:
     """`dpu-limiter serve` as replica `replica` on `url`, listening on loopback `port`."""
     return [
         *(sys.executable, "-m", "dpu_limiter.cli", "serve", "--db", url, "--listen", f"127.0.0.1:{port}"),
-        *("--replica-id", replica, "--replica-lease-s", str(REPLICA_LEASE_S), "--lease-s", str(LEASE_S)),
+        *("--replica-id", replica, "--replica-lease-s", str(replica_lease_s), "--lease-s", str(LEASE_S)),
     ]
 
 

@@ -16,10 +16,10 @@ import grpc
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, Pod, Role
 from dpu_limiter.reconciler import DpuAgent
-from dpu_limiter.replicas import owner, ranking
+from dpu_limiter.replicas import Replicas, owner, ranking
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
-from dpu_limiter.units import CPU_PORT
+from dpu_limiter.units import CPU_PORT, POLL_S
 from dpu_softswitch.server import Device, P4RuntimeService, add_to_server
 from helpers.p4rt import lease_entry, schema
 
@@ -207,6 +207,38 @@ def backed_up(planes: dict[str, ControlPlane], names: list[str]) -> bool:
             if (standby is not None) != (r == nxt) or (standby is not None and not standby.up):
                 return False
     return True
+
+
+async def stall_poll(r: Replicas) -> asyncio.Task[None]:
+    """Hold `r`'s poll back (its task runs, just late): it neither renews nor notices anything."""
+    r.poll_s = 1000.0
+    await asyncio.sleep(3 * POLL_S)  # the poll under way comes round once more, then waits
+    (poll,) = [t for t in r._tasks if t.get_name() == "replica-poll"]
+    return poll
+
+
+async def resume_poll(r: Replicas, poll: asyncio.Task[None]) -> None:
+    """Let `r`'s poll come round again."""
+    poll.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await poll
+    r.poll_s = POLL_S
+    r._tasks = [t for t in r._tasks if t is not poll] + [
+        asyncio.get_running_loop().create_task(r._poll(), name="replica-poll")
+    ]
+
+
+def lease_left(url: str, replica: str) -> float:
+    """How long `replica`'s lease runs on, by the database's clock (s)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT lease_until - extract(epoch from clock_timestamp())::double precision FROM replicas WHERE id = %s",
+            (replica,),
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 def holding(agent: DpuAgent) -> bool:

@@ -164,6 +164,12 @@ class DpuAgent:
         self._leased_before = leased_before
         self._lease_out = leased_before  # whether the DPU should hold a lease now (the last one applied had one)
         self._reset_at = -math.inf
+        # Each instance this agent finds, and when its state was lost then (monotonic, or -inf), is stored
+        # before any lease under it (on_epoch); one it did not arm is a stranger's unless the store says one of
+        # this fleet's agents found it (recorded_epoch: a predecessor holding the DPU) and when its state was
+        # lost then, whose hold runs on.
+        self.on_epoch: Callable[[int, float], Awaitable[None]] | None = None
+        self.recorded_epoch: Callable[[], Awaitable[tuple[int, float] | None]] | None = None
         self._hold_until = hold_until  # no lease before then (monotonic): a window change's hold
         self.on_hold: Callable[[float], None] | None = None  # told when a window change holds it, and until when
         self._window_change_seen: dict[int, tuple[int, int]] | None = None  # the windows last held for
@@ -559,6 +565,21 @@ class DpuAgent:
         placed = dataclasses.replace(lease, deadline_us=self._placed[1], epoch=self._placed[2])
         return dataclasses.replace(intent, lease=placed)
 
+    async def _recorded(self, found: int) -> bool:
+        """Whether the store names `found` as the instance this fleet's last holder of the DPU found: then its
+        state was lost when that holder said (the hold runs on from there), not when a stranger armed it."""
+        if not found or self.recorded_epoch is None:
+            return False
+        try:
+            recorded = await self.recorded_epoch()
+        except Exception as exc:  # the store is away: a stranger's, as before there was one
+            LOG.warning("%s: could not read its recorded pipeline instance: %s", self.dpu.name, exc)
+            return False
+        if recorded is None or recorded[0] != found:
+            return False
+        self._reset_at = max(self._reset_at, recorded[1])
+        return True
+
     async def read_clock(self, sw: fy.Switch) -> tuple[int, float]:
         """(the DPU's time in us, our monotonic time after its echo came back), through one clock
         echo (limiter.p4: a PacketOut with a nonce comes back as a PacketIn with the DPU's time).
@@ -591,17 +612,26 @@ class DpuAgent:
             await packets.aclose()
         t1 = self.clock.monotonic()
         now_us, found, armed_at = int(pkt[dp.ECHO_NOW]), int(pkt[dp.ECHO_EPOCH]), int(pkt[dp.ECHO_ARMED_AT])
-        if found not in (self._leased_epoch, self._seen_epoch):
+        epoch = found or candidate
+        new = found not in (self._leased_epoch, self._seen_epoch)
+        recorded = new and await self._recorded(found)
+        if new and not recorded:
             # Not the instance this agent last leased (or, new to this DPU, any instance a predecessor may
-            # have leased), and new to this agent: it began (now_us - armed_at) us ago on the DPU's clock,
-            # the one windows run on. Once per instance: later echoes of it leave the hold where it is.
+            # have leased), new to this agent, and not the one this fleet's last holder stored: it began
+            # (now_us - armed_at) us ago on the DPU's clock, the one windows run on. Once per instance: later
+            # echoes of it leave the hold where it is.
             if found:
                 # Armed by an echo this agent did not see answered: another control plane's, which may
                 # have leased it whatever this one's state says (a red team: a second control plane with
                 # a state file of its own passed a second budget), or this agent's own, reply lost.
                 self._leased_before = True
             self._state_lost(t1 - max(0, now_us - armed_at) * 1e-6)
-        self._epoch = self._seen_epoch = found or candidate
+        if epoch != self._seen_epoch and not recorded and self.on_epoch is not None:
+            try:
+                await self.on_epoch(epoch, self._reset_at)
+            except Exception as exc:  # no lease under an instance its successor could not know
+                raise ClockError(f"{self.dpu.name}: could not store its pipeline instance: {exc}") from exc
+        self._epoch = self._seen_epoch = epoch
         if now_us < self._last_echo_us:
             self._placed = None
             raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")

@@ -23,9 +23,9 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import dataplane as dp
 from . import heap, shares
@@ -157,6 +157,10 @@ class LimiterService:
         # to the agents of a control plane started before they end (monotonic, by DPU).
         self._store_lease_holds = Batched(store.hold_leases)
         self._lease_holds: dict[str, float] = {}
+        # The pipeline instance each DPU's holder found (reconciler.read_clock), stored before any lease under
+        # it, and read by its next holder finding one it did not arm: many at once in one transaction.
+        self._store_epochs = Batched(store.record_epochs)
+        self._epochs_of = Batched(store.epochs_of)
         self._storing: set[asyncio.Task[list[None]]] = set()
         self.rebalance_interval_s = settings.rebalance_interval_s
         self.rebalance_loop = settings.rebalance_loop  # off: the caller drives rebalance_pod (virtual time)
@@ -372,11 +376,17 @@ class LimiterService:
         name = agent.dpu.name
         agent.on_applied = functools.partial(self._aged, name)
         agent.on_hold = functools.partial(self._hold_lease, name)
+        agent.on_epoch = functools.partial(self._found_epoch, name)
+        agent.recorded_epoch = functools.partial(self._recorded_epoch, name)
         self.agents[name] = agent
         self._sorted = None
 
     def _agent(
-        self, dpu: Dpu, leased_before: bool = False, hold_until: float = -math.inf, standby: bool = False
+        self,
+        dpu: Dpu,
+        leased_before: bool = False,
+        hold_until: float = -math.inf,
+        standby: bool = False,
     ) -> DpuAgent:
         """An agent (not started) keeping `dpu` to what the state and its share say."""
 
@@ -411,13 +421,34 @@ class LimiterService:
             standby=standby,
         )
 
+    async def _found_epoch(self, name: str, epoch: int, lost_at: float) -> None:
+        """Store the pipeline instance a DPU's holder found (lost_at: monotonic, or -inf) for its next holder."""
+        wall = None if lost_at == -math.inf else self.clock.time() + (lost_at - self.clock.monotonic())
+        await self._store_epochs([(name, epoch, wall)])
+
+    async def _recorded_epoch(self, name: str) -> tuple[int, float] | None:
+        """The pipeline instance stored for a DPU (_found_epoch), and when its state was lost then (monotonic)."""
+        (recorded,) = await self._epochs_of([name])
+        if recorded is None:
+            return None
+        epoch, lost_at = recorded
+        return epoch, -math.inf if lost_at is None else self.clock.monotonic() + (lost_at - self.clock.time())
+
     def _hold_lease(self, name: str, until: float) -> None:
         """Store a DPU's lease hold (until: monotonic) for a control plane started before it ends."""
-        task = asyncio.create_task(
-            self._store_lease_holds([(name, self.clock.time() + (until - self.clock.monotonic()))])
-        )
+        self._store_soon(self._store_lease_holds([(name, self.clock.time() + (until - self.clock.monotonic()))]))
+
+    def _store_soon(self, write: Coroutine[Any, Any, list[None]]) -> None:
+        """Run a batched store write in the background (an agent's callback cannot wait for it)."""
+        task = asyncio.create_task(write)
         self._storing.add(task)
-        task.add_done_callback(self._storing.discard)
+        task.add_done_callback(self._stored)
+
+    def _stored(self, task: asyncio.Task[list[None]]) -> None:
+        self._storing.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # The DPU's next holder does not know of it: it waits as for a stranger's instance, or not for the hold.
+            LOG.warning("storing a DPU's lease hold or pipeline instance failed: %s", exc)
 
     def _start_agents(self) -> None:
         """Start the agents made since (once the write that made them is done with the loop)."""

@@ -65,6 +65,14 @@ CREATE TABLE IF NOT EXISTS replicas (
 # server process's id, and when the server that runs it started. NULL where the database has no sessions.
 REPLICA_SESSION_COLUMNS = (("session_pid", "INTEGER"), ("session_epoch", "REAL"))
 
+# Version 4: the pipeline instance (its lease epoch, limiter.p4) each DPU's holder last found on it, and when
+# that DPU's state was lost as the holder judged it (seconds since the epoch; NULL: nothing passed before it to
+# wait for). A successor (another replica, or this control plane restarted) resumes from it rather than take
+# an instance armed by its predecessor for a stranger's, which holds a DPU without a lease for a window.
+EPOCHS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dpu_epochs (dpu TEXT PRIMARY KEY, epoch TEXT NOT NULL, lost_at REAL);
+"""
+
 Migration = Callable[[Db], None]
 Session = tuple[int, float]  # a database session: its server process's id, and when that server started
 
@@ -76,6 +84,12 @@ def add_replica_session(db: Db, real: str = "REAL") -> None:
         if name not in db.columns("replicas"):
             # names and types from REPLICA_SESSION_COLUMNS only
             db.execute(f"ALTER TABLE replicas ADD COLUMN {name} {decl.replace('REAL', real)}")
+
+
+def add_dpu_epochs(db: Db, real: str = "REAL") -> None:
+    """Version 4 (both databases): the dpu_epochs table (EPOCHS_SCHEMA); `real` is the database's 8-byte float."""
+    for sql in statements(EPOCHS_SCHEMA.replace(" REAL", f" {real}")):
+        db.execute(sql)
 
 
 def statements(script: str) -> list[str]:
@@ -432,6 +446,26 @@ class Store:
             cur.execute("DELETE FROM lease_holds WHERE until <= ?", (now,))
             rows = cur.execute("SELECT dpu, until FROM lease_holds").fetchall()
         return {dpu: until for dpu, until in rows}
+
+    def record_epochs(self, rows: list[tuple[str, int, float | None]]) -> list[None]:
+        """Record, in one transaction, each (dpu, epoch, lost_at): the pipeline instance its holder found on it,
+        and when (seconds since the epoch; None: never) its state was lost then, for the DPU's next holder."""
+        with self._writing() as cur:
+            cur.executemany(
+                "INSERT INTO dpu_epochs(dpu, epoch, lost_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(dpu) DO UPDATE SET epoch = excluded.epoch, lost_at = excluded.lost_at",
+                [(dpu, str(epoch), lost_at) for dpu, epoch, lost_at in rows],
+            )
+        return [None] * len(rows)
+
+    def epochs_of(self, dpus: list[str]) -> list[tuple[int, float | None] | None]:
+        """For each DPU, the pipeline instance its last holder recorded (record_epochs) and when its state was
+        lost then, or None."""
+        wanted = set(dpus)
+        with self._lock, self._statement() as cur:
+            rows = cur.execute("SELECT dpu, epoch, lost_at FROM dpu_epochs").fetchall()
+        recorded = {dpu: (int(epoch), lost_at) for dpu, epoch, lost_at in rows if dpu in wanted}
+        return [recorded.get(d) for d in dpus]
 
     def release_growth(self, holds: list[int]) -> list[None]:
         """Forget holds whose wait is over (one transaction)."""

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover: the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
 from .replay import Db
-from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_replica_session, shown_db, statements
+from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_dpu_epochs, add_replica_session, shown_db, statements
 from .units import SESSION_GRACE_S
 
 # The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
@@ -66,6 +66,11 @@ def _pg_v2(db: Db) -> None:
 def _pg_v3(db: Db) -> None:
     """Version 3: the session a replica writes through (store.REPLICA_SESSION_COLUMNS), as on SQLite."""
     add_replica_session(db, real="DOUBLE PRECISION")
+
+
+def _pg_v4(db: Db) -> None:
+    """Version 4: the DPUs' pipeline instances as their holders found them (store.EPOCHS_SCHEMA), as on SQLite."""
+    add_dpu_epochs(db, real="DOUBLE PRECISION")
 
 
 class SessionLost(sqlite3.OperationalError):
@@ -175,7 +180,7 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 class PgStore(Store):
     """The desired state in a PostgreSQL database (store.Store's methods, over psycopg 3)."""
 
-    MIGRATIONS = (_pg_v1, _pg_v2, _pg_v3)
+    MIGRATIONS = (_pg_v1, _pg_v2, _pg_v3, _pg_v4)
     GREATEST = "GREATEST"
     NOW = "extract(epoch from clock_timestamp())::double precision"
     SHARED = True

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import IO
 
 from .replay import Db
-from .store import LEGACY_COLUMNS, REPLICAS_SCHEMA, SCHEMA, StateInUse, Store, add_replica_session, statements
+from .store import (
+    LEGACY_COLUMNS,
+    REPLICAS_SCHEMA,
+    SCHEMA,
+    StateInUse,
+    Store,
+    add_dpu_epochs,
+    add_replica_session,
+    statements,
+)
 
 
 def _sqlite_v1(db: Db) -> None:
@@ -58,7 +67,7 @@ class SqliteCursor(sqlite3.Cursor):
 class SqliteStore(Store):
     """The desired state in a SQLite file (WAL, synchronous=FULL): the embedded default."""
 
-    MIGRATIONS = (_sqlite_v1, _sqlite_v2, add_replica_session)
+    MIGRATIONS = (_sqlite_v1, _sqlite_v2, add_replica_session, add_dpu_epochs)
     TOKEN = True  # PRAGMA data_version (_token)
 
     def __init__(self, path: Path | str, exclusive: bool = False) -> None:

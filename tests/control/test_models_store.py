@@ -106,7 +106,7 @@ def test_a_state_file_from_before_new_columns_opens_with_their_defaults(tmp_path
     db.commit()
     db.close()
     store = open_store(path)
-    assert store.schema_version() == 3  # files from before versions were counted are version 1, then migrated
+    assert store.schema_version() == 4  # files from before versions were counted are version 1, then migrated
     st = store.load()
     store.close()
     assert st.dpus["dpu-a"] == Dpu("dpu-a", "127.0.0.1:9559", 1, "a", Role.POD_UPLINK, 0, 1, buffer_bytes=0)

@@ -55,7 +55,7 @@ def _live_without(store: PgStore, gone: str, timeout: float = 10.0) -> list[tupl
 def test_a_replica_whose_session_ended_keeps_a_grace_of_its_lease(pg_cluster: Cluster, pg_url: str) -> None:
     s1, s2 = PgStore(pg_url), PgStore(pg_url)
     try:
-        assert s1.schema_version() == 3
+        assert s1.schema_version() == 4
         s1.pin_session()
         session = s1.session()
         assert s1.renew_replica("r1", "a:1", 60.0, session) == [("r1", "a:1")]
@@ -116,7 +116,7 @@ def until_sync(check: Callable[[], bool], what: str, timeout: float = 10.0) -> N
 def test_a_state_file_has_the_session_columns_and_judges_by_lease(tmp_path: Path) -> None:
     s = open_store(tmp_path / "state.db")
     try:
-        assert s.schema_version() == 3  # one schema on both databases
+        assert s.schema_version() == 4  # one schema on both databases
         assert s.session() is None
         assert s.renew_replica("r1", "a:1", 60.0, s.session()) == [("r1", "a:1")]
     finally:

@@ -36,16 +36,17 @@ def _fleet(s: Store) -> None:
 
 def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
     s = open_store(db)
-    # 2: the replicas table (and, on PostgreSQL, the election id sequence); 3: the replicas' sessions
-    assert s.schema_version() == 3
+    # 2: the replicas table (and, on PostgreSQL, the election id sequence); 3: the replicas' sessions; 4: the
+    # DPUs' pipeline instances
+    assert s.schema_version() == 4
     assert s.renew_replica("r1", "127.0.0.1:1", 60.0) == [("r1", "127.0.0.1:1")]
     s.close()
     s = open_store(db)  # opening again migrates nothing
-    assert s.schema_version() == 3
+    assert s.schema_version() == 4
     assert s.live_replicas() == [("r1", "127.0.0.1:1")]
     s.close()
-    behind(db, "INSERT INTO schema_version(version, applied) VALUES (4, 'by a newer control plane')")
-    with pytest.raises(sqlite3.DatabaseError, match="schema version 4 is newer than this control plane's"):
+    behind(db, "INSERT INTO schema_version(version, applied) VALUES (5, 'by a newer control plane')")
+    with pytest.raises(sqlite3.DatabaseError, match="schema version 5 is newer than this control plane's"):
         open_store(db)
 
 
@@ -61,6 +62,10 @@ def test_grants_and_holds(db: str) -> None:
     assert s.growth_holds(60.0) == {"a": 100.0}
     s.hold_leases([("d1", 30.0), ("d1", 20.0), ("d2", 5.0)])  # the later of two holds stands
     assert s.lease_holds(10.0) == {"d1": 30.0}
+    # Pipeline instances: 64-bit epochs whole (past a signed 64-bit column), the last one per DPU stands.
+    s.record_epochs([("d1", 2**64 - 1, None), ("d2", 7, 12.5)])
+    s.record_epochs([("d2", 8, None)])
+    assert s.epochs_of(["d2", "d3", "d1"]) == [(8, None), None, (2**64 - 1, None)]
     s.close()
 
 

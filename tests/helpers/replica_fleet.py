@@ -100,13 +100,13 @@ def pods_for(ids: list[str], per_replica: int) -> list[str]:
     return sorted(p for v in picked.values() for p in v)
 
 
-async def fleet(c: LimiterClient, pods: list[str], ts: list[Target]) -> dict[str, Target]:
-    """One write: each pod with a capped uplink DPU on its own target; returns the targets by DPU name."""
+async def fleet(c: LimiterClient, pods: list[str], ts: list[Target], cap: Cap = CAP) -> dict[str, Target]:
+    """One write: each pod with a capped (`cap`) uplink DPU on its own target; returns the targets by DPU name."""
     dpus = {f"dpu-{p}": t for p, t in zip(pods, ts, strict=True)}
     await c.apply(
         pods=[Pod(p, (f"10.{i}.0.0/24",)) for i, p in enumerate(pods)],
         dpus=[Dpu(f"dpu-{p}", t.address, 1, p, Role.POD_UPLINK, 0, 1) for p, t in zip(pods, ts, strict=True)],
-        caps=dict.fromkeys(pods, CAP),
+        caps=dict.fromkeys(pods, cap),
     )
     return dpus
 

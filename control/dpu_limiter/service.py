@@ -137,6 +137,9 @@ class LimiterService:
         self._targets: dict[str, dict[str, Cap]] = {}
         self._samples: dict[str, tuple[float, int, int]] = {}
         self._changes: dict[str, list[float]] = {}  # times of each rebalancing pod's recent changes
+        # When each pod held at start or taken over was adopted (monotonic): the changes its last holder made in
+        # the window before are not known here, so it makes none until a window has passed.
+        self._adopted_at: dict[str, float] = {}
         self._unconfirmed: dict[str, int] = {}  # each DPU's latest share grant not yet confirmed (its ticket)
         self._granted_at: dict[str, float] = {}  # when each DPU's share was last granted (monotonic)
         # Until when (monotonic) a DPU taken over from another replica may hold a lease that replica wrote: it may
@@ -205,6 +208,7 @@ class LimiterService:
         """Start agents for the DPUs of `pods` (at start, or taken over from another replica), resuming what
         the store says of them: the control plane that held them before may have stopped mid-move."""
         names = {n for p in pods for n in self._indexed()[1].get(p, ())}
+        self._adopted_at.update(dict.fromkeys(pods, self.clock.monotonic()))
         if self.store.SHARED:
             # The replica that held them may be alive, taken for gone by its session (replicas.py), and renew
             # their leases at its shares until it notices: within its replica lease, each lease then running
@@ -289,6 +293,7 @@ class LimiterService:
             self._share_locks.pop(pod, None)
             self._targets.pop(pod, None)
             self._changes.pop(pod, None)
+            self._adopted_at.pop(pod, None)
         for a in agents:
             name = a.dpu.name
             self.agents.pop(name, None)
@@ -809,6 +814,10 @@ class LimiterService:
             return False  # a first sample: nothing to compare with yet
         if cap.mode == "window" and self.resharing(pod):
             return False  # the last move is still waiting for what shrank to age out of the window
+        if now_s < self._adopted_at.get(pod, -math.inf) + cap.window_s:
+            # Its last holder (another replica, or this control plane before a restart) may have refilled its
+            # buckets as often as a window allows just before: another refill now could exceed the allowance.
+            return False
         recent = [t for t in self._changes.get(pod, []) if t > now_s - cap.window_s]
         new: dict[str, Cap] = {}
         for layer in layers:

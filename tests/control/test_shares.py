@@ -15,10 +15,11 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.dataplane import ARP_CELLS
 from dpu_limiter.models import Cap
 from dpu_limiter.server import ControlPlane
+from dpu_limiter.settings import Settings
 from dpu_limiter.shares import lesser, split, total
 from dpu_softswitch.server import Device
 from helpers.paths import ROOT
-from helpers.planes import register, serve_in_process
+from helpers.planes import node_pod, register, serve_in_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -162,3 +163,39 @@ async def test_a_rebalancing_cap_must_leave_every_node_a_frame_too(db: str) -> N
             await c.set_pod_cap("a", 8e6, 8e6, 10.0, 300_000, rebalance=True)
     finally:
         await plane.stop()
+
+
+async def test_a_rebalancing_pod_a_control_plane_resumes_makes_no_change_for_a_window(db: str) -> None:
+    """A red team's gap: the refills a pod's buckets may take in a window (shares.node_burst) were counted in
+    the memory of the control plane that made them, so one restarted (or a replica taking the pod over) could
+    refill again at once, past the window's allowance. It now makes no change until a window has passed."""
+    window_s = 10.0
+    served = [await serve_in_process() for _ in range(2)]
+    settings = Settings(rebalance_loop=False)
+    try:
+        plane = ControlPlane(db, "127.0.0.1:0", settings=settings)
+        await plane.start()
+        try:
+            async with LimiterClient(plane.address) as c:
+                await node_pod(c, [address for _, _, address in served], "n")
+                await c.set_pod_cap("a", 8e6, 8e6, window_s, 300_000, rebalance=True)
+                assert await c.wait_converged(timeout=30)
+            now = plane.service.clock.monotonic()
+            assert not await plane.service.rebalance_pod("a", now)  # a first sample
+            assert await plane.service.rebalance_pod("a", now + 1.0)  # the pod made here: its changes known
+        finally:
+            await plane.stop()
+        resumed = ControlPlane(db, "127.0.0.1:0", settings=settings)
+        await resumed.start()
+        try:
+            async with LimiterClient(resumed.address) as c:
+                assert await c.wait_converged(timeout=30)
+            now = resumed.service.clock.monotonic()
+            assert not await resumed.service.rebalance_pod("a", now)
+            assert not await resumed.service.rebalance_pod("a", now + 1.0)  # the last holder's window not over
+            assert await resumed.service.rebalance_pod("a", now + window_s + 1.0)
+        finally:
+            await resumed.stop()
+    finally:
+        for _, server, _ in served:
+            await server.stop(grace=0)

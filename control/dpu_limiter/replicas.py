@@ -160,7 +160,13 @@ class Replicas:
             # Fenced (or joining), a lease that ended starts again; holding DPUs, it must not: the others may
             # have taken them (the lease ran out, or another replica ended it, our session being over).
             live = await asyncio.to_thread(
-                self._store().renew_replica, self.id, self.address, self.lease_s, self._session, self.fenced
+                self._store().renew_replica,
+                self.id,
+                self.address,
+                self.lease_s,
+                self._session,
+                self.fenced,
+                self.service.lease_s,
             )
         except Exception:
             self._drop_registry()

@@ -212,8 +212,14 @@ class LimiterService:
         if self.store.SHARED:
             # The replica that held them may be alive, taken for gone by its session (replicas.py), and renew
             # their leases at its shares until it notices: within its replica lease, each lease then running
-            # one more lease. Until then, one that does not confirm a smaller share holds its pod's growth back.
-            until = self.clock.monotonic() + self.settings.replica_lease_s + self.lease_s
+            # one more lease (its settings may be longer than ours). Until then, one that does not confirm a
+            # smaller share holds its pod's growth back.
+            replica_lease_s, dpu_lease_s = await asyncio.to_thread(self.store.longest_leases)
+            until = (
+                self.clock.monotonic()
+                + max(self.settings.replica_lease_s, replica_lease_s)
+                + max(self.lease_s, dpu_lease_s)
+            )
             self._foreign_until.update(dict.fromkeys(names, until))
         # The shares an earlier control plane granted (stored before any DPU was told): resumed as they
         # are, so that the first pass shrinks and grows from what the DPUs may hold, not from nothing.

@@ -72,6 +72,10 @@ REPLICA_SESSION_COLUMNS = (("session_pid", "INTEGER"), ("session_epoch", "REAL")
 EPOCHS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS dpu_epochs (dpu TEXT PRIMARY KEY, epoch TEXT NOT NULL, lost_at REAL);
 """
+# And each replica's lease lengths, as its last renewal named them: its own in the database, and the one it
+# gives DPUs. A replica taking DPUs over counts the longest of them, not its own, as what the one before it may
+# still have in force (LimiterService._adopt): replicas need not all run with the same settings.
+REPLICA_LEASE_COLUMNS = (("lease_s", "REAL"), ("dpu_lease_s", "REAL"))
 
 Migration = Callable[[Db], None]
 Session = tuple[int, float]  # a database session: its server process's id, and when that server started
@@ -80,16 +84,21 @@ Session = tuple[int, float]  # a database session: its server process's id, and 
 def add_replica_session(db: Db, real: str = "REAL") -> None:
     """Version 3 (both databases): the replicas table's session columns (REPLICA_SESSION_COLUMNS); `real` is the
     database's 8-byte float type."""
-    for name, decl in REPLICA_SESSION_COLUMNS:
-        if name not in db.columns("replicas"):
-            # names and types from REPLICA_SESSION_COLUMNS only
-            db.execute(f"ALTER TABLE replicas ADD COLUMN {name} {decl.replace('REAL', real)}")
+    _add_columns(db, "replicas", REPLICA_SESSION_COLUMNS, real)
 
 
-def add_dpu_epochs(db: Db, real: str = "REAL") -> None:
-    """Version 4 (both databases): the dpu_epochs table (EPOCHS_SCHEMA); `real` is the database's 8-byte float."""
+def schema_v4(db: Db, real: str = "REAL") -> None:
+    """Version 4 (both databases): the dpu_epochs table (EPOCHS_SCHEMA) and the replicas' lease lengths
+    (REPLICA_LEASE_COLUMNS); `real` is the database's 8-byte float type."""
     for sql in statements(EPOCHS_SCHEMA.replace(" REAL", f" {real}")):
         db.execute(sql)
+    _add_columns(db, "replicas", REPLICA_LEASE_COLUMNS, real)
+
+
+def _add_columns(db: Db, table: str, columns: tuple[tuple[str, str], ...], real: str) -> None:
+    for name, decl in columns:
+        if name not in db.columns(table):
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl.replace('REAL', real)}")  # names from the code
 
 
 def statements(script: str) -> list[str]:
@@ -332,25 +341,32 @@ class Store:
     # renewal back.
 
     def renew_replica(
-        self, replica: str, address: str, lease_s: float, session: Session | None = None, join: bool = True
+        self,
+        replica: str,
+        address: str,
+        lease_s: float,
+        session: Session | None = None,
+        join: bool = True,
+        dpu_lease_s: float | None = None,
     ) -> list[tuple[str, str]]:
         """Extend `replica`'s lease to `lease_s` from now on the database's clock (joining if it has no row),
-        writing through `session` (its service's Store.session); returns the live replicas (live_replicas),
-        as (id, address). Without `join` a lease that ended (it ran out, or ran out its grace once its session
-        ended: PgStore._live) is not extended: the others may have taken the DPUs of a replica that held them;
-        it must not come back to life behind their backs, but find itself not live, stop writing, and join
-        again. A lease still running is extended, naming the new session (a replica whose session the database
-        ended, back within its grace, holds on)."""
+        writing through `session` (its service's Store.session) and giving DPUs leases of `dpu_lease_s`; returns
+        the live replicas (live_replicas), as (id, address). Without `join` a lease that ended (it ran out, or
+        ran out its grace once its session ended: PgStore._live) is not extended: the others may have taken
+        the DPUs of a replica that held them; it must not come back to life behind their backs, but find itself
+        not live, stop writing, and join again. A lease still running is extended, naming the new session (a
+        replica whose session the database ended, back within its grace, holds on)."""
         pid, epoch = session if session is not None else (None, None)
         with self._lock, self._statement() as cur:
             cur.execute(
-                "INSERT INTO replicas(id, address, lease_until, joined, session_pid, session_epoch) "
-                f"VALUES (?, ?, {self.NOW} + ?, {self.NOW}, ?, ?) "
+                "INSERT INTO replicas(id, address, lease_until, joined, session_pid, session_epoch, lease_s, "
+                f"dpu_lease_s) VALUES (?, ?, {self.NOW} + ?, {self.NOW}, ?, ?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET address = excluded.address, "
                 f"lease_until = CASE WHEN ? OR replicas.lease_until > {self.NOW} "
                 "THEN excluded.lease_until ELSE replicas.lease_until END, "
-                "session_pid = excluded.session_pid, session_epoch = excluded.session_epoch",
-                (replica, address, lease_s, pid, epoch, join),
+                "session_pid = excluded.session_pid, session_epoch = excluded.session_epoch, "
+                "lease_s = excluded.lease_s, dpu_lease_s = excluded.dpu_lease_s",
+                (replica, address, lease_s, pid, epoch, lease_s, dpu_lease_s, join),
             )
             return self._live(cur)
 
@@ -363,6 +379,12 @@ class Store:
     def _live(self, cur: Db) -> list[tuple[str, str]]:
         rows = cur.execute(f"SELECT id, address FROM replicas WHERE lease_until > {self.NOW} ORDER BY id")
         return [(r[0], r[1]) for r in rows.fetchall()]
+
+    def longest_leases(self) -> tuple[float, float]:
+        """The longest replica lease and DPU lease any replica's renewal named (0 where none did), in seconds."""
+        with self._lock, self._statement() as cur:
+            row = cur.execute("SELECT MAX(lease_s), MAX(dpu_lease_s) FROM replicas").fetchone()
+        return (float(row[0] or 0.0), float(row[1] or 0.0)) if row else (0.0, 0.0)
 
     def session_ended(self, replica: str) -> bool:
         """Whether the database shows the session `replica` last renewed through ended (a file: never)."""

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover: the [postgres] extra is not installed
     psycopg = None  # type: ignore[assignment]
 
 from .replay import Db
-from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_dpu_epochs, add_replica_session, shown_db, statements
+from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_replica_session, schema_v4, shown_db, statements
 from .units import SESSION_GRACE_S
 
 # The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
@@ -69,8 +69,8 @@ def _pg_v3(db: Db) -> None:
 
 
 def _pg_v4(db: Db) -> None:
-    """Version 4: the DPUs' pipeline instances as their holders found them (store.EPOCHS_SCHEMA), as on SQLite."""
-    add_dpu_epochs(db, real="DOUBLE PRECISION")
+    """Version 4: the DPUs' pipeline instances and the replicas' lease lengths (store.schema_v4), as on SQLite."""
+    schema_v4(db, real="DOUBLE PRECISION")
 
 
 class SessionLost(sqlite3.OperationalError):

@@ -17,8 +17,8 @@ from .store import (
     SCHEMA,
     StateInUse,
     Store,
-    add_dpu_epochs,
     add_replica_session,
+    schema_v4,
     statements,
 )
 
@@ -67,7 +67,7 @@ class SqliteCursor(sqlite3.Cursor):
 class SqliteStore(Store):
     """The desired state in a SQLite file (WAL, synchronous=FULL): the embedded default."""
 
-    MIGRATIONS = (_sqlite_v1, _sqlite_v2, add_replica_session, add_dpu_epochs)
+    MIGRATIONS = (_sqlite_v1, _sqlite_v2, add_replica_session, schema_v4)
     TOKEN = True  # PRAGMA data_version (_token)
 
     def __init__(self, path: Path | str, exclusive: bool = False) -> None:

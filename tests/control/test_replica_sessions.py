@@ -159,15 +159,19 @@ async def test_a_replica_that_misses_its_grace_stops_writing_and_joins_again(pg_
         assert session is not None
         fences = planes["r2"].service._fences
         poll = await stall_poll(r2)
+        # As if r2 gave DPUs longer leases than r1 does (replicas need not share settings): its last renewal says.
+        r2_lease_s = 3 * LEASE_S
+        pg_cluster.sql(pg_url, f"UPDATE replicas SET dpu_lease_s = {r2_lease_s} WHERE id = 'r2'")
         with LapseWatch(dpus) as watch:
             ended = time.monotonic()
             pg_cluster.sql(pg_url, f"SELECT pg_terminate_backend({session[0]})")
             took = await until(lambda: theirs in planes["r1"].service.agents, 3 * REPLICA_LEASE_S, "r1 takes it")
             assert took < REPLICA_LEASE_S, took
             # r2, alive, may renew the DPU's lease at its share until it notices (within its replica lease):
-            # until each such lease has ended, the DPU not confirming a smaller share from r1 holds growth back.
+            # until each such lease (r2's length, not r1's) has ended, the DPU not confirming a smaller share from
+            # r1 holds growth back.
             r1 = planes["r1"].service
-            assert r1.lapse_at(theirs) >= r1.clock.monotonic() + LEASE_S + REPLICA_LEASE_S - took - 0.5
+            assert r1.lapse_at(theirs) >= r1.clock.monotonic() + r2_lease_s + REPLICA_LEASE_S - took - 0.5
             await resume_poll(r2, poll)
             await until(lambda: planes["r2"].service._fences > fences, 3 * REPLICA_LEASE_S, "r2 stops writing")
             await until(lambda: settled(planes, dpus), 60, "r2 holds its DPU again")

@@ -40,6 +40,10 @@ def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
     # DPUs' pipeline instances
     assert s.schema_version() == 4
     assert s.renew_replica("r1", "127.0.0.1:1", 60.0) == [("r1", "127.0.0.1:1")]
+    assert s.longest_leases() == (60.0, 0.0)  # (no DPU lease named)
+    s.renew_replica("r2", "127.0.0.1:2", 6.0, dpu_lease_s=30.0)
+    assert s.longest_leases() == (60.0, 30.0)
+    s.leave_replica("r2")
     s.close()
     s = open_store(db)  # opening again migrates nothing
     assert s.schema_version() == 4

@@ -492,7 +492,7 @@ async def _client_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        display.print_table(args.cmd, doc)
+        display.print_table(args.cmd, doc, held_here=getattr(args, "held_here", False))
     return 0
 
 

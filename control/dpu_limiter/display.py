@@ -178,8 +178,8 @@ USAGE_COLUMNS = (
 )
 
 
-def print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
-    """`usage`, `status` or `cap get` as a table."""
+def print_table(cmd: str, doc: dict, held_here: bool = False) -> None:  # type: ignore[type-arg]
+    """`usage`, `status` (`held_here`: a replica's own DPUs only) or `cap get` as a table."""
     from rich.table import Table
 
     console = terminal()
@@ -226,6 +226,13 @@ def print_table(cmd: str, doc: dict) -> None:  # type: ignore[type-arg]
                 d.get("last_error", ""),
             )
         console.print(t)
+        if not doc.get("dpus"):
+            # An empty table alone reads as a fault: say why it is empty.
+            console.print(
+                "this replica holds no DPU (the other replicas hold them; without --held-here, every DPU)"
+                if held_here
+                else "no DPU is registered"
+            )
     else:
         cap = doc.get("cap", {})
         console.print(

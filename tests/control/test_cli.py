@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dpu_limiter.server import ControlPlane
 from helpers.paths import ROOT
 from helpers.processes import free_port, stop, wait_port
 
@@ -135,3 +137,14 @@ def test_certs_keep_what_was_issued(tmp_path: Path) -> None:
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert cli("certs", "init", str(pki), "--force").returncode == 0 and (pki / "ca.pem").read_bytes() != ca
+
+
+async def test_status_of_no_dpu_says_why_its_table_is_empty(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+    await plane.start()
+    try:
+        for args, said in ((["status"], "no DPU is registered"), (["status", "--held-here"], "holds no DPU")):
+            res = await asyncio.to_thread(cli, *args, "--server", plane.address)
+            assert res.returncode == 0 and said in res.stdout, (res.stdout, res.stderr)
+    finally:
+        await plane.stop()

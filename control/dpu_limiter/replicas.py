@@ -17,8 +17,9 @@ less a margin. So the replica that takes over never races it, even before fencin
 
 Every replica serves the API. Writers serialise on the database's write lock; a replica plans each write
 against the latest stored state (the service reads it again when the change log's head moved, and plans
-anew when another replica wrote in between). Replicas learn the others' writes by polling the change log's
-head every `poll_s` and reconcile the DPUs they hold (LimiterService.catch_up).
+anew when another replica wrote in between). Replicas learn the others' writes as the database tells of each
+commit (Store.watch_log), and by polling the change log's head every `poll_s` should a notification be lost, and
+reconcile the DPUs they hold (LimiterService.catch_up).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Sequence
 
 from .service import LimiterService
@@ -96,6 +98,9 @@ class Replicas:
         self._wake = asyncio.Event()  # the poll read the live set and the head: the follower acts on them
         self._head: tuple[int, str] = (0, "")  # the change log's head as the poll last read it
         self._rejoin = False  # renewed after a fence: take pods again
+        self._moved = asyncio.Event()  # the database told of a commit to the change log (watch_log)
+        self._listening = threading.Event()  # set: the listener thread stops
+        self._listener: threading.Thread | None = None
         self.takeovers = 0  # DPUs taken over since start (for tests and logs)
         # The database session the service writes through, as renewals name it: when the database shows it
         # ended, the others cut this replica's lease to a grace (killed: its DPUs move then, not a lease later).
@@ -129,7 +134,16 @@ class Replicas:
             loop.create_task(self._poll(), name="replica-poll"),
             loop.create_task(self._watch(), name="replica-fence"),
             loop.create_task(self._follow(), name="replica-follow"),
+            loop.create_task(self._heard(), name="replica-heard"),
         ]
+        # Others' commits as the database tells of them (store.LOG_MOVED), in a thread of its own: the follower
+        # takes them at once rather than at the next poll.
+        self._listening.clear()
+        moved = functools.partial(loop.call_soon_threadsafe, self._moved.set)
+        self._listener = threading.Thread(
+            target=self.service.store.watch_log, args=(moved, self._listening), name=f"listen-{self.id}", daemon=True
+        )
+        self._listener.start()
         LOG.info(
             "replica %s at %s: %d live, holding %d DPUs",
             self.id,
@@ -144,6 +158,10 @@ class Replicas:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        self._listening.set()
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.join)
+            self._listener = None
         await self.service.fence()
         self.fenced = True
         try:
@@ -230,6 +248,22 @@ class Replicas:
                 raise
             except Exception as exc:  # the database is away: the watchdog fences in time; keep trying
                 LOG.warning("replica %s: %s: %s", self.id, type(exc).__name__, exc)
+
+    async def _heard(self) -> None:
+        """On each commit the database tells of, read the change log's head and wake the follower (the poll
+        does too, every poll_s, should a notification be lost)."""
+        while True:
+            await self._moved.wait()
+            self._moved.clear()
+            if self.fenced:
+                continue  # holding nothing: the poll says when to join again
+            try:
+                self._head = await asyncio.to_thread(self._store().log_head)
+                self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is away: the poll keeps trying
+                LOG.debug("replica %s: %s: %s", self.id, type(exc).__name__, exc)
 
     async def _follow(self) -> None:
         """Take other replicas' writes when the change log moved, and move pods when the live set changed

@@ -157,6 +157,9 @@ class Store:
     NOW = "((julianday('now') - 2440587.5) * 86400.0)"
     SHARED = False  # whether several serving control planes (replicas) may share the database
     TOKEN = False  # whether _token tells another connection's commits apart (else every write checks the tables)
+    # A statement that tells the database's other sessions the change log moved, run in each commit's
+    # transaction (PostgreSQL's NOTIFY: replicas learn of a write at once, not at their next poll; watch_log).
+    LOG_MOVED: str | None = None
 
     path: str
     head: tuple[int, str]
@@ -266,6 +269,8 @@ class Store:
                     records.append(record)
                     payloads.append(payload)
             cur.executemany(AUDIT_INSERT, records)
+            if self.LOG_MOVED is not None:
+                cur.execute(self.LOG_MOVED)  # delivered as the transaction commits, and only if it does
         self.head = head
         if not self.TOKEN and self._verified is not None and self._verified.head == before:
             # Without a token the next write checks again. The tables matched the log when this transaction
@@ -389,6 +394,10 @@ class Store:
     def session_ended(self, replica: str) -> bool:
         """Whether the database shows the session `replica` last renewed through ended (a file: never)."""
         return False
+
+    def watch_log(self, moved: Callable[[], None], stop: threading.Event) -> None:
+        """Call `moved` whenever another session commits to the change log, until `stop` is set (blocking: a
+        thread's; PostgreSQL's listens for LOG_MOVED; a file has no other sessions to hear of)."""
 
     def session(self) -> Session | None:
         """This store's database session (the server process's id, and when the server started, in seconds

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ except ImportError:  # pragma: no cover: the [postgres] extra is not installed
 from .replay import Db
 from .store import REPLICAS_SCHEMA, SCHEMA, Session, Store, add_replica_session, schema_v4, shown_db, statements
 from .units import SESSION_GRACE_S
+
+LOG = logging.getLogger(__name__)
 
 # The advisory lock key (a 64-bit number no other user of the database takes) every write transaction takes.
 WRITE_LOCK = 0x64_70_75_6C_77  # "dpulw"
@@ -87,6 +91,9 @@ _SERVER_EPOCH = (
     "extract(epoch from GREATEST(pg_postmaster_start_time(), (SELECT stats_reset FROM pg_stat_bgwriter)))"
     "::double precision"
 )
+
+LOG_CHANNEL = "dpu_limiter_log"  # the channel commits notify (Store.LOG_MOVED), in this database only
+LISTEN_POLL_S = 0.5  # how often a listener looks whether it should stop
 
 # A statement that only inserts rows (no ON CONFLICT): its table and columns (names of the store's own).
 _PLAIN_INSERT = re.compile(r"INSERT INTO (\w+)\(([\w, ]+)\) VALUES \([?, ]+\)")
@@ -184,6 +191,7 @@ class PgStore(Store):
     GREATEST = "GREATEST"
     NOW = "extract(epoch from clock_timestamp())::double precision"
     SHARED = True
+    LOG_MOVED = f"NOTIFY {LOG_CHANNEL}"
     # A replica's session is over when, since the server last started, its process is no longer there: it was
     # killed (its connection closed as it died), or its connection ended. Rows written before the server
     # started again (every session ended then) say nothing: their leases decide.
@@ -218,6 +226,22 @@ class PgStore(Store):
             (SESSION_GRACE_S, SESSION_GRACE_S),
         )
         return super()._live(cur)
+
+    def watch_log(self, moved: Callable[[], None], stop: threading.Event) -> None:
+        """Call `moved` on each commit's notification (LOG_MOVED), through a session of its own that listens,
+        until `stop` is set; after a failure it connects again (and calls `moved` once: a commit may have
+        come while nobody listened), a second later."""
+        while not stop.is_set():
+            try:
+                with _connect(self.url) as conn:
+                    conn.execute(f"LISTEN {LOG_CHANNEL}")
+                    moved()
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=LISTEN_POLL_S):
+                            moved()
+            except (psycopg.Error, sqlite3.Error) as exc:  # the database is away: the replicas' polls go on
+                LOG.debug("%s: listening for commits: %s", self.path, exc)
+                stop.wait(1.0)
 
     def session_ended(self, replica: str) -> bool:
         """Whether the database shows the session `replica` last renewed through ended (SESSION_OPEN)."""

@@ -32,8 +32,8 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
-from dpu_limiter.units import SESSION_GRACE_S
-from helpers import postgres
+from dpu_limiter.units import POLL_S, SESSION_GRACE_S
+from helpers import postgres, replica_fleet
 from helpers.postgres import Cluster
 from helpers.processes import free_port, stop, wait_port
 from helpers.replica_fleet import (
@@ -106,6 +106,28 @@ async def test_a_write_through_one_replica_reaches_dpus_another_holds(pg_url: st
         assert holders(planes)[f"dpu-{theirs}"] == ["r2"]
         assert planes["r2"].service.state.caps[theirs].egress_bps == 4e6
         print(f"a write through r1 reached r2's DPU in {took:.2f} s")
+
+
+async def test_a_write_reaches_another_replica_when_it_commits_not_at_its_next_poll(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL tells every replica of each commit to the change log (NOTIFY): r2, its poll slowed to 30 s (and
+    its lease long enough to be renewed that seldom), still takes each of r1's writes at once."""
+    monkeypatch.setattr(replica_fleet, "REPLICA_LEASE_S", 120.0)
+    ids = ["r1", "r2"]
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, _dpus, pods):
+        r2 = planes["r2"].replicas
+        assert r2 is not None
+        r2.poll_s = 30.0
+        await asyncio.sleep(3 * POLL_S)  # the poll under way comes round once more, then waits
+        async with LimiterClient(planes["r1"].address) as c:
+            for rate in (1e6, 2e6, 3e6):
+                await c.set_pod_cap(pods[0], rate, rate, 10.0, 50_000)
+                took = await until(
+                    lambda r=rate: planes["r2"].service.state.caps[pods[0]].egress_bps == r, 10, "r2 takes r1's write"
+                )
+                assert took < 5.0, took
+        print(f"r2 took r1's write {took:.2f} s after it was acknowledged (its poll: every 30 s)")
 
 
 async def test_a_stopped_replica_s_dpus_move_before_any_lease_lapses(pg_url: str) -> None:

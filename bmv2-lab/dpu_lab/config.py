@@ -373,7 +373,11 @@ CompromiseHow = Literal["raise-meter", "delete-meter", "forward-unclassified", "
 
 # Events done to the control plane's replicas and their database (replicas_lab.py; real time only): the
 # real-time runner carries them out itself, the driver never sees them.
-REPLICA_ACTIONS = frozenset({"kill-replica", "restart-db", "cut-replica-db", "start-replicas-at-once"})
+REPLICA_ACTIONS = frozenset(
+    {"kill-replica", "restart-db", "cut-replica-db", "start-replicas-at-once", "end-replica-session", "pause-replica"}
+)
+# The replicas' events that act on the replica primary for a pod's DPUs.
+POD_REPLICA_ACTIONS = frozenset({"kill-replica", "cut-replica-db", "end-replica-session", "pause-replica"})
 
 
 class EventSpec(_Model):
@@ -391,6 +395,12 @@ class EventSpec(_Model):
     cut-replica-db: the replica primary for `pod`'s DPUs loses the database for `down_s` (its connections
     dropped and new ones refused), then gets it back.
     start-replicas-at-once: `count` new replicas (default 2) started on the database together.
+    end-replica-session: the database ends the session the replica primary for `pod`'s DPUs writes through (an
+    operator's pg_terminate_backend, a connection dropped on the way); for `down_s` the run watches whether
+    another replica takes them (it should not: the replica takes a new session within its grace).
+    pause-replica: the replica primary for `pod`'s DPUs stopped (SIGSTOP) for `down_s`, then continued: its
+    sessions stay open, its lease runs out, another takes its DPUs; continued, it must stop writing and join
+    again.
     """
 
     at_s: float = Field(ge=0)
@@ -402,6 +412,8 @@ class EventSpec(_Model):
         "restart-db",
         "cut-replica-db",
         "start-replicas-at-once",
+        "end-replica-session",
+        "pause-replica",
     ]
     dpu: str | None = None
     down_s: float = Field(default=1.0, ge=0, le=600)
@@ -427,7 +439,7 @@ class EventSpec(_Model):
         if self.action in REPLICA_ACTIONS:
             if self.dpu is not None or self.egress is not None or self.ingress is not None:
                 raise ValueError(f"dpu, egress, ingress: {self.action} acts on the control plane and takes none")
-            needs_pod = self.action in ("kill-replica", "cut-replica-db")
+            needs_pod = self.action in POD_REPLICA_ACTIONS
             if needs_pod and self.pod is None:
                 raise ValueError(f"pod: {self.action} needs the pod whose DPUs' primary replica it acts on")
             if not needs_pod and self.pod is not None:

@@ -32,6 +32,7 @@ import contextlib
 import re
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -57,7 +58,9 @@ from .processes import stop_processes
 from .targets import free_port
 
 SAMPLE_S = 0.1  # how often the watch asks every replica and every DPU
-FENCED = "no lease renewal in time"  # what a replica logs when it stops writing to every DPU (replicas.py)
+# What a replica logs when it stops writing to every DPU (replicas.py): no renewal in time, or the database says
+# its lease ended.
+FENCED = ("no lease renewal in time", "the database says our lease ended")
 HELD_BY = re.compile(r"held by replica (\S+) at ")
 
 
@@ -285,6 +288,22 @@ class ControlDb:
         if what == "start":
             self.stopped = False
 
+    def replica_session(self, replica: str) -> int | None:
+        """The server process of the session `replica`'s last renewal named (None: none, or no row)."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+            sql = f"SELECT session_pid FROM {self.schema}.replicas WHERE id = %s"  # a name of ours
+            row = conn.execute(sql.encode(), (replica,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def end_session(self, pid: int) -> None:
+        """End a session as an operator would (pg_terminate_backend)."""
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
     def start_blocking(self) -> None:
         """`CMD start`, waiting for it (cleanup, outside any event loop's time)."""
         with self.log.open("ab") as out:
@@ -306,6 +325,7 @@ class Replica:
     db_forwarder: Forwarder | None  # its way to the database, when the run cuts a replica off
     killed: bool = False
     cut: bool = False
+    paused: bool = False  # stopped (SIGSTOP) by a pause-replica event: it answers nothing
 
     @property
     def address(self) -> str:
@@ -314,7 +334,8 @@ class Replica:
 
     def fenced_count(self) -> int:
         """How often it has stopped writing for want of a renewal (its log's lines)."""
-        return self.log.read_text(errors="replace").count(FENCED) if self.log.exists() else 0
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return sum(text.count(line) for line in FENCED)
 
 
 @dataclass
@@ -551,7 +572,7 @@ class Failover:
 
     def _deciders(self) -> set[str]:
         """The replicas whose view of who holds what counts: alive and not cut off from the database."""
-        return {r.id for r in self._live() if not r.cut}
+        return {r.id for r in self._live() if not r.cut and not r.paused}
 
     async def close(self) -> None:
         """Stop the watch, the event tasks and the clients (the runner's loop is ending)."""
@@ -606,7 +627,7 @@ class Failover:
 
     async def _sample(self) -> Snapshot:
         """Ask every live replica and read every DPU's lease, at once."""
-        statuses = asyncio.gather(*(self._status(r) for r in self._live()))
+        statuses = asyncio.gather(*(self._status(r) for r in self._live() if not r.paused))
         leases = asyncio.gather(*(rd.read() for rd in self._readers))
         answers, read = await asyncio.gather(statuses, leases)
         views = dict(a for a in answers if a is not None)
@@ -685,6 +706,10 @@ class Failover:
                 await self._cut(ev, record)
             elif ev.action == "restart-db":
                 await self._restart_db(ev, record)
+            elif ev.action == "end-replica-session":
+                await self._end_session(ev, record)
+            elif ev.action == "pause-replica":
+                await self._pause(ev, record)
             else:
                 await self._start_at_once(ev, record)
         except asyncio.CancelledError:
@@ -771,6 +796,67 @@ class Failover:
             after = next(s for s in self.snapshots if s.t == t3)
             record["holders_after"] = {d: after.holders(d)[0] for d in theirs}
             self.say(f"{t3:.1f} s: settled again {t3 - t2:.2f} s after; {record['holders_after']}")
+
+    async def _end_session(self, ev: EventSpec, record: dict[str, Any]) -> None:
+        assert ev.pod is not None and self.db is not None
+        victim, theirs = await self._primary_of(ev.pod)
+        fenced_before = victim.fenced_count()
+        session = await asyncio.to_thread(self.db.replica_session, victim.id)
+        if session is None:
+            raise RuntimeError(f"replica {victim.id}'s row names no database session")
+        t0 = self._now()
+        await asyncio.to_thread(self.db.end_session, session)
+        record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_s)
+        self.say(f"{t0:.1f} s: the database ended replica {victim.id}'s session (process {session})")
+        others = {r.id for r in self._live() if r is not victim}
+
+        async def renewed() -> None:
+            deadline = time.monotonic() + ev.down_s
+            while time.monotonic() < deadline:
+                if await asyncio.to_thread(self.db.replica_session, victim.id) not in (session, None):  # type: ignore[union-attr]
+                    record["new_session_s"] = round(self._now() - t0, 3)
+                    return
+                await asyncio.sleep(SAMPLE_S)
+            record["new_session_s"] = None
+
+        async def taken() -> None:
+            t1 = await self._until(lambda s: any(s.writing(d, others) for d in theirs), ev.down_s)
+            record["taken_by_others_s"] = None if t1 is None else round(t1 - t0, 3)
+
+        await asyncio.gather(renewed(), taken())
+        record["fenced"] = victim.fenced_count() > fenced_before
+        self.say(
+            f"{self._now():.1f} s: replica {victim.id} "
+            + ("held on" if record["taken_by_others_s"] is None and not record["fenced"] else "did not hold on")
+            + f" (a new session after {record['new_session_s']} s)"
+        )
+
+    async def _pause(self, ev: EventSpec, record: dict[str, Any]) -> None:
+        assert ev.pod is not None
+        victim, theirs = await self._primary_of(ev.pod)
+        fenced_before = victim.fenced_count()
+        others = {r.id for r in self._live() if r is not victim}
+        t0 = self._now()
+        victim.popen.send_signal(signal.SIGSTOP)  # by its handle
+        victim.paused = True
+        try:
+            record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_s)
+            self.say(f"{t0:.1f} s: replica {victim.id} stopped (SIGSTOP) for {ev.down_s:g} s")
+            t1 = await self._until(lambda s: all(s.writing(d, others) for d in theirs), ev.down_s)
+            self._moved(record, t0, t1, theirs, others)
+            await asyncio.sleep(max(0.0, t0 + ev.down_s - self._now()))
+        finally:
+            victim.popen.send_signal(signal.SIGCONT)
+            victim.paused = False
+        t2 = self._now()
+        record["restored_at_s"] = round(t2, 3)
+        self.say(f"{t2:.1f} s: replica {victim.id} continued")
+        # It finds its lease ended and stops writing (the DPUs refuse it anyway: their holder bid higher), then
+        # joins again and holds what rendezvous hashing gives it.
+        names = [d.name for d in self.dpus]
+        t3 = await self._until(lambda s: s.settled(names, self._deciders()), 3 * self.lease_s)
+        record["back_s"] = None if t3 is None else round(t3 - t2, 3)
+        record["fenced"] = victim.fenced_count() > fenced_before
 
     async def _restart_db(self, ev: EventSpec, record: dict[str, Any]) -> None:
         assert self.db is not None
@@ -879,6 +965,8 @@ class Failover:
             for key, base in (("takeover_s", "t_s"), ("back_s", "restored_at_s"), ("settled_s", "t_s")):
                 if rec.get(key) is not None:
                     ends.append(float(rec[base]) + float(rec[key]))
+            if rec["action"] == "end-replica-session":
+                ends.append(float(rec["t_s"]) + float(rec["down_s"]))
             if rec.get("settled_after_s") is not None:
                 ends.append(float(rec["t_s"]) + float(rec["down_s"]) + float(rec["settled_after_s"]))
             rec.update(self._window(float(rec["t_s"]), max(ends) + 1.0))
@@ -941,6 +1029,19 @@ def markdown(f: dict[str, Any]) -> str:
                 f"down {s(e.get('down_s'))}",
                 f"settled {s(e.get('settled_after_s'))} after it was back",
                 f"fenced: {', '.join(e.get('fenced', [])) or 'none'}",
+            ]
+        elif e["action"] == "end-replica-session":
+            other = [
+                f"a new session after {s(e.get('new_session_s'))}",
+                "taken by another replica after " + s(e["taken_by_others_s"])
+                if e.get("taken_by_others_s") is not None
+                else "held on",
+                f"stopped writing: {'yes' if e.get('fenced') else 'no'}",
+            ]
+        elif e["action"] == "pause-replica":
+            other = [
+                f"stopped writing: {'yes' if e.get('fenced') else 'no'}",
+                f"settled {s(e.get('back_s'))} after it continued",
             ]
         elif e["action"] == "start-replicas-at-once":
             moved = e.get("moved", {})

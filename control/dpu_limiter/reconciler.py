@@ -459,6 +459,7 @@ class DpuAgent:
                 # DPU restarted (its pipeline, even a lease entry, may have survived it: its meters and
                 # window slots did not), or someone reset it. As after a pipeline load.
                 self._state_lost()
+                await self._record_loss()
                 intent = dataclasses.replace(intent, lease=None) if self._holding(intent) else intent
         else:
             confirmed = False
@@ -564,6 +565,16 @@ class DpuAgent:
             self._leased_epoch = self._epoch
         placed = dataclasses.replace(lease, deadline_us=self._placed[1], epoch=self._placed[2])
         return dataclasses.replace(intent, lease=placed)
+
+    async def _record_loss(self) -> None:
+        """Store when the state of the instance this agent knows was lost (a read-back found it reset), so that
+        the DPU's next holder keeps the hold too (the instance itself is the same: no echo stores it again)."""
+        if self.on_epoch is None or self._seen_epoch is None or self._reset_at == -math.inf:
+            return
+        try:
+            await self.on_epoch(self._seen_epoch, self._reset_at)
+        except Exception as exc:  # the hold here stands; a successor would need this database to take the DPU
+            LOG.warning("%s: could not store when its state was lost: %s", self.dpu.name, exc)
 
     async def _recorded(self, found: int) -> bool:
         """Whether the store names `found` as the instance this fleet's last holder of the DPU found: then its

@@ -160,7 +160,7 @@ class Replicas:
         self._tasks = []
         self._listening.set()
         if self._listener is not None:
-            await asyncio.to_thread(self._listener.join)
+            await asyncio.to_thread(self._listener.join, 2.0)  # a daemon: one stuck connecting is left behind
             self._listener = None
         await self.service.fence()
         self.fenced = True

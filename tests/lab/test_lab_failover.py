@@ -112,6 +112,16 @@ def check_failover(report: dict, actions: list[str]) -> None:  # type: ignore[ty
     # Two started at once: both joined, and the DPUs settled on one holder each that every replica names.
     joined = events["start-replicas-at-once"]
     assert joined["replicas"] == ["r4", "r5"] and joined.get("settled_s") is not None, joined
+    # Its session ended by the database: a new one within its grace, and it held on (nobody took its DPUs, it
+    # stopped nothing).
+    ended = events["end-replica-session"]
+    assert ended.get("new_session_s") is not None and ended["taken_by_others_s"] is None, ended
+    assert not ended["fenced"], ended
+    # Stopped (SIGSTOP) past its lease: another took its DPU meanwhile; continued, it stopped writing, and the
+    # fleet settled again.
+    paused = events["pause-replica"]
+    assert paused.get("takeover_s") is not None and paused.get("back_s") is not None, paused
+    assert paused["fenced"], paused
 
 
 @pytest.mark.netns
@@ -125,7 +135,14 @@ def test_failover_under_traffic_keeps_every_lease_and_the_cap(
     if target == "bmv2" and shutil.which("simple_switch_grpc") is None:
         pytest.skip("simple_switch_grpc is not on PATH (bmv2 not installed)")
     c, ctl = cluster
-    every = ["kill-replica", "restart-db", "start-replicas-at-once", "cut-replica-db"]
+    every = [
+        "kill-replica",
+        "restart-db",
+        "start-replicas-at-once",
+        "cut-replica-db",
+        "end-replica-session",
+        "pause-replica",
+    ]
     scenario, actions = (FAILOVER, every) if target == "embedded" else (kill_only(tmp_path), every[:1])
     report = run_failover(tmp_path, target, scenario, c.database(), ctl)
     check_failover(report, actions)

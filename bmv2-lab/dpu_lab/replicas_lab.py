@@ -787,8 +787,12 @@ class Failover:
         t2 = self._now()
         record["restored_at_s"] = round(t2, 3)
         self.say(f"{t2:.1f} s: replica {victim.id} reaches the database again")
-        # Back in the live set, it holds again what rendezvous hashing gives it (its DPUs, unless a replica that
-        # joined meanwhile outranks it), with agents started since: settled, and every replica agreeing.
+        await self._settled_again(record, t2, theirs)
+
+    async def _settled_again(self, record: dict[str, Any], t2: float, theirs: list[str]) -> None:
+        """Once a replica is back at `t2`, in the live set it holds again what rendezvous hashing gives it (its
+        DPUs, unless a replica that joined meanwhile outranks it), with agents started since: when the fleet
+        settled, every replica agreeing (back_s), and who then held `theirs`."""
         names = [d.name for d in self.dpus]
         t3 = await self._until(lambda s: s.settled(names, self._deciders()), 3 * self.lease_s)
         record["back_s"] = None if t3 is None else round(t3 - t2, 3)
@@ -852,10 +856,8 @@ class Failover:
         record["restored_at_s"] = round(t2, 3)
         self.say(f"{t2:.1f} s: replica {victim.id} continued")
         # It finds its lease ended and stops writing (the DPUs refuse it anyway: their holder bid higher), then
-        # joins again and holds what rendezvous hashing gives it.
-        names = [d.name for d in self.dpus]
-        t3 = await self._until(lambda s: s.settled(names, self._deciders()), 3 * self.lease_s)
-        record["back_s"] = None if t3 is None else round(t3 - t2, 3)
+        # joins again.
+        await self._settled_again(record, t2, theirs)
         record["fenced"] = victim.fenced_count() > fenced_before
 
     async def _restart_db(self, ev: EventSpec, record: dict[str, Any]) -> None:

@@ -784,15 +784,15 @@ class Failover:
         record["fenced"] = victim.fenced_count() > fenced_before
         self.host.restore(victim.db_forwarder)
         victim.cut = False
+        await self._settled_again(record, f"replica {victim.id} reaches the database again", theirs)
+
+    async def _settled_again(self, record: dict[str, Any], back: str, theirs: list[str]) -> None:
+        """Once a replica is back (now, said as `back`), in the live set it holds again what rendezvous hashing
+        gives it (its DPUs, unless a replica that joined meanwhile outranks it), with agents started since: when
+        the fleet settled, every replica agreeing (back_s), and who then held `theirs`."""
         t2 = self._now()
         record["restored_at_s"] = round(t2, 3)
-        self.say(f"{t2:.1f} s: replica {victim.id} reaches the database again")
-        await self._settled_again(record, t2, theirs)
-
-    async def _settled_again(self, record: dict[str, Any], t2: float, theirs: list[str]) -> None:
-        """Once a replica is back at `t2`, in the live set it holds again what rendezvous hashing gives it (its
-        DPUs, unless a replica that joined meanwhile outranks it), with agents started since: when the fleet
-        settled, every replica agreeing (back_s), and who then held `theirs`."""
+        self.say(f"{t2:.1f} s: {back}")
         names = [d.name for d in self.dpus]
         t3 = await self._until(lambda s: s.settled(names, self._deciders()), 3 * self.lease_s)
         record["back_s"] = None if t3 is None else round(t3 - t2, 3)
@@ -852,12 +852,9 @@ class Failover:
         finally:
             victim.popen.send_signal(signal.SIGCONT)
             victim.paused = False
-        t2 = self._now()
-        record["restored_at_s"] = round(t2, 3)
-        self.say(f"{t2:.1f} s: replica {victim.id} continued")
         # It finds its lease ended and stops writing (the DPUs refuse it anyway: their holder bid higher), then
         # joins again.
-        await self._settled_again(record, t2, theirs)
+        await self._settled_again(record, f"replica {victim.id} continued", theirs)
         record["fenced"] = victim.fenced_count() > fenced_before
 
     async def _restart_db(self, ev: EventSpec, record: dict[str, Any]) -> None:

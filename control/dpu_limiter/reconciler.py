@@ -170,6 +170,7 @@ class DpuAgent:
         # lost then, whose hold runs on.
         self.on_epoch: Callable[[int, float], Awaitable[None]] | None = None
         self.recorded_epoch: Callable[[], Awaitable[tuple[int, float] | None]] | None = None
+        self._loss_unstored = False  # a loss _record_loss could not store yet
         self._hold_until = hold_until  # no lease before then (monotonic): a window change's hold
         self.on_hold: Callable[[float], None] | None = None  # told when a window change holds it, and until when
         self._window_change_seen: dict[int, tuple[int, int]] | None = None  # the windows last held for
@@ -573,8 +574,11 @@ class DpuAgent:
             return
         try:
             await self.on_epoch(self._seen_epoch, self._reset_at)
-        except Exception as exc:  # the hold here stands; a successor would need this database to take the DPU
+        except Exception as exc:  # the hold here stands; tried again at each echo until stored
+            self._loss_unstored = True
             LOG.warning("%s: could not store when its state was lost: %s", self.dpu.name, exc)
+        else:
+            self._loss_unstored = False
 
     async def _recorded(self, found: int) -> bool:
         """Whether the store names `found` as the instance this fleet's last holder of the DPU found: then its
@@ -583,9 +587,10 @@ class DpuAgent:
             return False
         try:
             recorded = await self.recorded_epoch()
-        except Exception as exc:  # the store is away: a stranger's, as before there was one
-            LOG.warning("%s: could not read its recorded pipeline instance: %s", self.dpu.name, exc)
-            return False
+        except Exception as exc:
+            # Not a stranger's for want of an answer: judged so, its arm time would be stored over a later
+            # loss its predecessor recorded, and the hold shortened. No lease until the store answers.
+            raise ClockError(f"{self.dpu.name}: could not read its recorded pipeline instance: {exc}") from exc
         if recorded is None or recorded[0] != found:
             return False
         self._reset_at = max(self._reset_at, recorded[1])
@@ -643,6 +648,8 @@ class DpuAgent:
             except Exception as exc:  # no lease under an instance its successor could not know
                 raise ClockError(f"{self.dpu.name}: could not store its pipeline instance: {exc}") from exc
         self._epoch = self._seen_epoch = epoch
+        if self._loss_unstored:
+            await self._record_loss()
         if now_us < self._last_echo_us:
             self._placed = None
             raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")

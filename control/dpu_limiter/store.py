@@ -484,7 +484,12 @@ class Store:
         with self._writing() as cur:
             cur.executemany(
                 "INSERT INTO dpu_epochs(dpu, epoch, lost_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(dpu) DO UPDATE SET epoch = excluded.epoch, lost_at = excluded.lost_at",
+                # For the same instance, when its state was lost never moves back (nor to never): a holder
+                # that judged it from less (an echo's arm time) must not shorten the hold a later loss began.
+                "ON CONFLICT(dpu) DO UPDATE SET epoch = excluded.epoch, lost_at = CASE "
+                "WHEN dpu_epochs.epoch = excluded.epoch AND dpu_epochs.lost_at IS NOT NULL "
+                "AND (excluded.lost_at IS NULL OR excluded.lost_at < dpu_epochs.lost_at) "
+                "THEN dpu_epochs.lost_at ELSE excluded.lost_at END",
                 [(dpu, str(epoch), lost_at) for dpu, epoch, lost_at in rows],
             )
         return [None] * len(rows)

@@ -70,6 +70,16 @@ def test_grants_and_holds(db: str) -> None:
     s.record_epochs([("d1", 2**64 - 1, None), ("d2", 7, 12.5)])
     s.record_epochs([("d2", 8, None)])
     assert s.epochs_of(["d2", "d3", "d1"]) == [(8, None), None, (2**64 - 1, None)]
+    # For the same instance, when its state was lost never moves back, nor to never: a successor that judged
+    # it from an echo's arm time (earlier) must not shorten the hold a later loss began. A new one starts afresh.
+    s.record_epochs([("d2", 8, 20.0)])
+    s.record_epochs([("d2", 8, 15.0), ("d1", 2**64 - 1, 3.0)])
+    s.record_epochs([("d2", 8, None)])
+    assert s.epochs_of(["d2", "d1"]) == [(8, 20.0), (2**64 - 1, 3.0)]
+    s.record_epochs([("d2", 8, 25.0)])
+    assert s.epochs_of(["d2"]) == [(8, 25.0)]
+    s.record_epochs([("d2", 9, 1.0)])
+    assert s.epochs_of(["d2"]) == [(9, 1.0)]
     s.close()
 
 

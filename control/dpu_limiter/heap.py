@@ -36,13 +36,13 @@ def paused() -> Iterator[None]:
 
 
 def freeze() -> None:
-    """Collect the young generations' garbage, then move everything alive out of the cyclic
-    collector's reach (gc.freeze).
+    """Move everything alive out of the cyclic collector's reach (gc.freeze).
 
     Frozen, a fleet's objects are never scanned again, and a collection only looks at what was made
-    since. Only the young generations are collected first (milliseconds): a cycle that became garbage
-    in the old one since its last collection stays frozen. Agents that go (deleted, or changed)
-    unfreeze the heap (service: _commit, stop), so that their cycles are collected.
+    since. Nothing is collected first: with the collector paused, every object a fleet's write made is
+    in the young generation, and collecting it scanned them all (73 ms of the event loop for 20,000
+    DPUs, to find 95 objects of garbage in cycles). Such garbage stays frozen until the heap is unfrozen:
+    agents that go (deleted, or changed) unfreeze it (service: _commit, stop), so that their cycles,
+    and these, are collected.
     """
-    gc.collect(1)
     gc.freeze()

@@ -440,6 +440,8 @@ class DpuAgent:
         ends by itself), and the pass fails.
         """
         ticket = self._poked
+        if self._loss_unstored:  # tried at every pass, the hold's included: a successor needs it during the hold
+            await self._record_loss()
         generation, source = self.intent_fn()
         self._on_window_change(source)
         intent, unplaced = source, None
@@ -574,7 +576,7 @@ class DpuAgent:
             return
         try:
             await self.on_epoch(self._seen_epoch, self._reset_at)
-        except Exception as exc:  # the hold here stands; tried again at each echo until stored
+        except Exception as exc:  # the hold here stands; tried again at each pass until stored
             self._loss_unstored = True
             LOG.warning("%s: could not store when its state was lost: %s", self.dpu.name, exc)
         else:
@@ -648,8 +650,6 @@ class DpuAgent:
             except Exception as exc:  # no lease under an instance its successor could not know
                 raise ClockError(f"{self.dpu.name}: could not store its pipeline instance: {exc}") from exc
         self._epoch = self._seen_epoch = epoch
-        if self._loss_unstored:
-            await self._record_loss()
         if now_us < self._last_echo_us:
             self._placed = None
             raise ClockError(f"{self.dpu.name}: its clock went back from {self._last_echo_us} to {now_us} us")

@@ -197,12 +197,10 @@ class LimiterService:
             self._rebalancer.cancel()
         if self._leaser is not None:
             self._leaser.cancel()
-        await asyncio.gather(*(a.stop() for a in [*self.agents.values(), *self.standbys.values()]))
+        await _stop([*self.agents.values(), *self.standbys.values()])
         self.agents.clear()
         self.standbys.clear()
         self._sorted = None
-        if gc.get_freeze_count():
-            gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
 
     async def _adopt(self, pods: list[str]) -> None:
         """Start agents for the DPUs of `pods` (at start, or taken over from another replica), resuming what
@@ -313,7 +311,7 @@ class LimiterService:
             ):
                 kept.pop(name, None)  # type: ignore[attr-defined]
         self._sorted = None
-        await asyncio.gather(*(a.stop() for a in agents))
+        await _stop(agents)
 
     async def _sync_standbys(self) -> None:
         """Keep a standby agent (a backup stream) to every DPU of the pods `backs` says that this replica does
@@ -332,7 +330,7 @@ class LimiterService:
                 self.standbys[name] = agent = self._agent(dpu, standby=True)
                 self._to_start.append(agent)
         self._start_agents()
-        await asyncio.gather(*(a.stop() for a in gone))
+        await _stop(gone)
 
     def _sync_standbys_after(self, names: list[str]) -> None:
         """Start no standby until the agents of `names` (just taken over) have converged, or a third of a lease."""
@@ -368,7 +366,7 @@ class LimiterService:
                 hold_until=self._lease_holds.pop(name, -math.inf),
             )
             taken.add(name)
-        await asyncio.gather(*(a.stop() for a in stale))
+        await _stop(stale)
         return taken
 
     def _start_agent(self, dpu: Dpu) -> None:
@@ -1022,10 +1020,8 @@ class LimiterService:
                 LOG.warning("%s left without being floored: its pod's DPUs grow after its lease", a.dpu.name)
         for a in leaving:
             self.agents.pop(a.dpu.name, None)  # (gone already if this replica was fenced meanwhile)
-        await asyncio.gather(*(a.stop() for a in leaving))
+        await _stop(leaving)
         self._sorted = None
-        if leaving and gc.get_freeze_count():
-            gc.unfreeze()  # what the agents held may be frozen (heap.freeze): let the collector have it
         pods: dict[str, None] = {}  # ordered: pods reshare in the order the write named them
         # A fleet's agents are millions of objects: the collector waits until they are all made, then they
         # are frozen (heap.freeze), rather than scanned again and again as the heap grows (0.4 s of 20,000).
@@ -1226,6 +1222,14 @@ class LimiterService:
         return LeaseView(
             *_lease(granted, gen, self._lease_issued, self.lease_gen, self.lease_s, self.clock.monotonic())
         )
+
+
+async def _stop(agents: list[DpuAgent]) -> None:
+    """Stop `agents`, and give what they held to the collector: it may be frozen (heap.freeze), and an agent
+    and its connection refer to each other, so only a collection frees them."""
+    await asyncio.gather(*(a.stop() for a in agents))
+    if agents:
+        heap.thaw()
 
 
 def _lease(

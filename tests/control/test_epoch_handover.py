@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
+from finsy.proto import p4r
 
 from dpu_limiter.client import LimiterClient
 from helpers.postgres import Cluster
@@ -68,6 +70,46 @@ async def test_a_takeover_inside_a_fresh_instance_s_window_keeps_the_lease_its_h
             # A stranger's instance: no lease for the rest of its first window (the DPU at its floor).
             assert watch.lapsed() == [theirs], watch.least
             assert dpus[theirs].lease_left_us() <= 0
+
+
+async def test_a_loss_found_while_the_store_is_away_is_stored_within_its_hold(
+    pg_cluster: Cluster, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-back finds the DPU's meters reset (its instance the same) while the store cannot be written: the
+    agent holds its lease back all the same, and stores when the state was lost as soon as the store is back,
+    during the hold (its successor needs it then), not at the next clock echo after it."""
+    ids = ["r1"]
+    pods = pods_for(ids, 1)
+    async with targets(len(pods)) as ts, replicas(pg_url, ids) as planes:
+        async with LimiterClient(planes["r1"].address) as c:
+            dpus = await fleet(c, pods, ts, dataclasses.replace(CAP, mode="window", window_s=WINDOW_S))
+        await until(lambda: settled(planes, dpus), 60, "the DPU held, leased")
+        (name,) = dpus
+        await until(lambda: _recorded(pg_url, name), 10, "its instance recorded")
+        pg_cluster.sql(pg_url, "ALTER TABLE dpu_epochs RENAME TO dpu_epochs_away")
+        try:
+            pipeline = ts[0].device.pipeline
+            assert pipeline is not None
+            lost = time.time()
+            for m in pipeline.p4info.meters:  # every cell unconfigured, as after a reset; registers kept
+                reset = p4r.MeterEntry(meter_id=m.preamble.id)
+                pipeline.write(p4r.Update(type=p4r.Update.MODIFY, entity=p4r.Entity(meter_entry=reset)))
+            await until(lambda: "could not store when its state was lost" in caplog.text, 30, "the loss found")
+        finally:
+            pg_cluster.sql(pg_url, "ALTER TABLE dpu_epochs_away RENAME TO dpu_epochs")
+        back = time.monotonic()
+        await until(lambda: (_lost_at(pg_url, name) or 0.0) >= lost, 20, "the loss stored")
+        assert time.monotonic() - back < WINDOW_S / 2  # well inside the hold
+        assert planes["r1"].service.agents[name].status.lease_generation is None or dpus[name].lease_left_us() <= 0
+
+
+def _lost_at(url: str, dpu: str) -> float | None:
+    """When the store says `dpu`'s state was last lost (seconds since the epoch), or None."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT lost_at FROM dpu_epochs WHERE dpu = %s", (dpu,)).fetchone()
+        return None if row is None else row[0]
 
 
 def _recorded(url: str, dpu: str) -> bool:

@@ -1,0 +1,98 @@
+"""The cyclic collector at fleet size (control/dpu_limiter/heap.py): a fleet's objects are frozen out of its
+reach, and given back when agents stop, whichever way they stop.
+
+A stopped agent and its connection refer to each other, so only a collection frees them; frozen, they were
+kept for good when a replica let its DPUs go (fenced, or pods moving to a joining replica) or dropped a
+backup stream (a review found these paths did not thaw the heap; only deleting a DPU did).
+
+Real parts for the replicas: a throwaway PostgreSQL cluster, control planes in this process serving gRPC on
+loopback, embedded P4Runtime targets in this process.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from dpu_limiter import heap
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.server import ControlPlane
+from helpers.replica_fleet import fleet, holders, pods_for, replicas, settings, settled, targets, until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Node:
+    """An object that can be part of a cycle."""
+
+    other: object
+
+
+def cycle() -> weakref.ref[Node]:
+    """A cycle of two objects, unreachable once made: only the cyclic collector frees it."""
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def test_a_frozen_cycle_is_collected_only_once_thawed() -> None:
+    try:
+        with heap.paused():  # not collected before the freeze: it stays frozen
+            ref = cycle()
+            heap.freeze()
+        gc.collect()
+        assert ref() is not None
+        heap.thaw()
+        gc.collect()
+        assert ref() is None
+    finally:
+        heap.thaw()
+
+
+def test_young_garbage_is_collected_before_a_freeze_unless_the_collector_is_paused() -> None:
+    try:
+        with heap.paused():
+            kept = cycle()
+            heap.freeze()  # a fleet's write: its objects are not scanned first
+        collected = cycle()
+        heap.freeze()
+        assert kept() is not None and collected() is None
+    finally:
+        heap.thaw()
+
+
+async def test_agents_a_replica_lets_go_of_are_collected_though_frozen(pg_url: str) -> None:
+    ids = ["r1", "r2", "r3"]
+    pods = pods_for(ids, 2)
+    async with targets(len(pods)) as ts, replicas(pg_url, ids[:2]) as planes:
+        async with LimiterClient(planes["r1"].address) as c:
+            dpus = await fleet(c, pods, ts)
+        await until(lambda: settled(planes, dpus), 60, "every DPU held once by r1 and r2")
+        heap.freeze()  # as after a fleet's write: every agent and its connection frozen
+        try:
+            agents = {
+                (r, name): weakref.ref(a)
+                for r, p in planes.items()
+                for name, a in [*p.service.agents.items(), *p.service.standbys.items()]
+            }
+            late = ControlPlane(pg_url, "127.0.0.1:0", settings=settings("r3"))
+            await late.start()
+            planes["r3"] = late
+            await until(lambda: settled(planes, dpus), 60, "r3 holds its pods")
+            moved = [n for n, (r,) in holders(planes).items() if r == "r3"]
+            assert moved
+            gc.collect()
+            # Every agent of r1's and r2's that is still alive is one they still run (a holder, or a backup
+            # stream); the ones they stopped (the DPUs r3 took, backup streams no longer kept) are gone.
+            alive = {key: a for key, ref in agents.items() if (a := ref()) is not None}
+            running = {
+                key: a
+                for key, a in alive.items()
+                if a is planes[key[0]].service.agents.get(key[1]) or a is planes[key[0]].service.standbys.get(key[1])
+            }
+            assert sorted(alive) == sorted(running)
+            assert any(key not in alive for key in agents if key[1] in moved and key[0] != "r3")
+        finally:
+            heap.thaw()

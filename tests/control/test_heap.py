@@ -17,9 +17,7 @@ import weakref
 import pytest
 
 from dpu_limiter import heap
-from dpu_limiter.client import LimiterClient
-from dpu_limiter.server import ControlPlane
-from helpers.replica_fleet import fleet, holders, pods_for, replicas, settings, settled, targets, until
+from helpers.replica_fleet import holders, join, settled, settled_fleet, until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,12 +62,7 @@ def test_young_garbage_is_collected_before_a_freeze_unless_the_collector_is_paus
 
 
 async def test_agents_a_replica_lets_go_of_are_collected_though_frozen(pg_url: str) -> None:
-    ids = ["r1", "r2", "r3"]
-    pods = pods_for(ids, 2)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids[:2]) as planes:
-        async with LimiterClient(planes["r1"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once by r1 and r2")
+    async with settled_fleet(pg_url, ["r1", "r2", "r3"], 2, "r1", started=["r1", "r2"]) as (planes, dpus, _):
         heap.freeze()  # as after a fleet's write: every agent and its connection frozen
         try:
             agents = {
@@ -77,9 +70,7 @@ async def test_agents_a_replica_lets_go_of_are_collected_though_frozen(pg_url: s
                 for r, p in planes.items()
                 for name, a in [*p.service.agents.items(), *p.service.standbys.items()]
             }
-            late = ControlPlane(pg_url, "127.0.0.1:0", settings=settings("r3"))
-            await late.start()
-            planes["r3"] = late
+            await join(pg_url, planes, "r3")
             await until(lambda: settled(planes, dpus), 60, "r3 holds its pods")
             moved = [n for n, (r,) in holders(planes).items() if r == "r3"]
             assert moved

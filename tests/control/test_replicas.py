@@ -28,7 +28,6 @@ from finsy.p4client import P4ClientError
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Dpu, Pod
 from dpu_limiter.replicas import owner
-from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
@@ -43,10 +42,10 @@ from helpers.replica_fleet import (
     LapseWatch,
     fleet,
     holders,
+    join,
     lease_left,
     pods_for,
     replicas,
-    settings,
     settled,
     settled_fleet,
     targets,
@@ -384,17 +383,10 @@ async def test_replicas_connect_again_when_the_database_drops_their_sessions(pg_
 
 
 async def test_a_joining_replica_takes_its_pods_without_any_lease_lapsing(pg_url: str) -> None:
-    ids = ["r1", "r2", "r3"]
-    pods = pods_for(ids, 2)
-    async with targets(len(pods)) as ts, replicas(pg_url, ids[:2]) as planes:
-        async with LimiterClient(planes["r1"].address) as c:
-            dpus = await fleet(c, pods, ts)
-        await until(lambda: settled(planes, dpus), 60, "every DPU held once by r1 and r2")
+    async with settled_fleet(pg_url, ["r1", "r2", "r3"], 2, "r1", started=["r1", "r2"]) as (planes, dpus, _):
         before = {name: t.primaries() for name, t in dpus.items()}
         with LapseWatch(dpus) as watch:
-            late = ControlPlane(pg_url, "127.0.0.1:0", settings=settings("r3"))
-            await late.start()
-            planes["r3"] = late
+            await join(pg_url, planes, "r3")
             took = await until(lambda: settled(planes, dpus), 60, "r3 holds its pods")
             await asyncio.sleep(1.0)
         assert watch.lapsed() == [], watch.least

@@ -113,16 +113,25 @@ async def fleet(c: LimiterClient, pods: list[str], ts: list[Target], cap: Cap = 
 
 @contextlib.asynccontextmanager
 async def settled_fleet(
-    url: str, ids: list[str], per_replica: int, through: str
+    url: str, ids: list[str], per_replica: int, through: str, started: list[str] | None = None
 ) -> AsyncIterator[tuple[dict[str, ControlPlane], dict[str, Target], list[str]]]:
-    """Replicas `ids` on one database and a fleet of `per_replica` pods each written through replica `through`,
-    once every DPU is held once, primary and converged: (the replicas, the targets by DPU, the pods)."""
+    """Replicas `ids` (those `started` only, if given: the others `join` later) on one database and a fleet of
+    `per_replica` pods each of `ids` written through replica `through`, once every DPU is held once, primary and
+    converged: (the replicas, the targets by DPU, the pods)."""
     pods = pods_for(ids, per_replica)
-    async with targets(len(pods)) as ts, replicas(url, ids) as planes:
+    async with targets(len(pods)) as ts, replicas(url, ids if started is None else started) as planes:
         async with LimiterClient(planes[through].address) as c:
             dpus = await fleet(c, pods, ts)
         await until(lambda: settled(planes, dpus), 60, "every DPU held once, primary and converged")
         yield planes, dpus, pods
+
+
+async def join(url: str, planes: dict[str, ControlPlane], replica_id: str) -> ControlPlane:
+    """Start replica `replica_id` on the database, among `planes` (stopped with them)."""
+    late = ControlPlane(url, "127.0.0.1:0", settings=settings(replica_id))
+    await late.start()
+    planes[replica_id] = late
+    return late
 
 
 def holders(planes: dict[str, ControlPlane]) -> dict[str, list[str]]:

@@ -9,7 +9,7 @@ import math
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf import message_factory
@@ -26,7 +26,9 @@ from .tls import role_of
 
 T = TypeVar("T")
 LOG = logging.getLogger(__name__)
-ON_LOOP_ROWS = 2000  # GetStatus rows made per turn of the event loop (~5 us each)
+ON_LOOP_ROWS = 1000  # GetStatus rows made and encoded per turn of the event loop (~5 us each)
+WHOLE_STATUS_SHARE = 0.1  # at most this share of the loop goes to making whole-fleet GetStatus answers
+WHOLE_STATUS_MAX_AGE_S = 1.0  # and none is answered older than this
 
 
 class LimiterApi(pb_grpc.LimiterServicer):
@@ -35,6 +37,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
     def __init__(self, service: LimiterService, mtls: bool = False) -> None:
         self.service = service
         self.mtls = mtls
+        self._whole_status = Shared[bytes](WHOLE_STATUS_SHARE, WHOLE_STATUS_MAX_AGE_S)
 
     async def _actor(self, context: grpc.aio.ServicerContext, write: bool) -> str:  # type: ignore[type-arg]
         """Who is calling ("role:name"); refuses unknown roles, and writes by anyone but a verifier."""
@@ -274,35 +277,80 @@ class LimiterApi(pb_grpc.LimiterServicer):
             yield pb.UsageSample(time=time.time(), usage=[pb.DirectionUsage(**r.__dict__) for r in rows])
             await asyncio.sleep(interval)
 
-    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:  # type: ignore[type-arg]  # noqa: N802
-        """Every DPU's reconciliation status (a page of them: page_size, page_token)."""
+    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> bytes:  # type: ignore[type-arg]  # noqa: N802
+        """Every DPU's reconciliation status (a page of them: page_size, page_token), as its GetStatusResponse's
+        wire bytes (add_to_server sends them as they are)."""
 
-        async def run(actor: str) -> pb.GetStatusResponse:
+        async def run(actor: str) -> bytes:
             if request.page_size < 0:
                 raise InvalidArgument("page_size", request.page_size, "must be 0 (every DPU) or more")
             if request.page_token:
                 check_name("page_token", request.page_token)
-            head = self.service.store.head
-            out = pb.GetStatusResponse(
-                generation=self.service.state.generation,
-                expected_pipeline_sha256=self.service.expected_pipeline_sha256,
-                change_log_seq=head[0],
-                change_log_hash=head[1],
-            )
-            # A row per DPU of the page (of the fleet, without one), made on the event loop ON_LOOP_ROWS at a
-            # time (~10 ms), which between them keeps renewing leases and answering other calls. (A worker
-            # thread would not spare the loop: it takes the interpreter lock in turns with it, 5 ms each,
-            # and the loop, which gives the lock up at every poll, waited for it again and again.)
-            agents, busy, more = self.service.status_snapshot(request.page_token, request.page_size, request.held_here)
-            if more:
-                out.next_page_token = agents[-1][0]
-            for start in range(0, len(agents), ON_LOOP_ROWS):
-                if start:
-                    await asyncio.sleep(0)
-                _status_rows(out, self.service.status((agents[start : start + ON_LOOP_ROWS], busy, more)))
-            return out
+            if request.page_size or request.page_token:
+                return (await self._status(request))[0]
+            # The whole fleet's rows (20,000: 0.1 s of the loop) are made once for every caller that asks
+            # while they are fresh, so that polling them often cannot take the loop from leases and other calls.
+            svc = self.service
+            key = (svc.state.generation, svc.store.head, svc.expected_pipeline_sha256, request.held_here)
+            return await self._whole_status.get(key, lambda: self._status(request))
 
         return await self._call(context, run, write=False)
+
+    async def _status(self, request: pb.GetStatusRequest) -> tuple[bytes, float]:
+        """GetStatus's answer to a valid `request` (wire bytes), and the seconds of the loop it took to make."""
+        t0 = time.perf_counter()
+        head = self.service.store.head
+        out = pb.GetStatusResponse(
+            generation=self.service.state.generation,
+            expected_pipeline_sha256=self.service.expected_pipeline_sha256,
+            change_log_seq=head[0],
+            change_log_hash=head[1],
+        )
+        # A row per DPU of the page (of the fleet, without one), made and encoded on the event loop
+        # ON_LOOP_ROWS at a time (~5 ms), which between them keeps renewing leases and answering other calls.
+        # (Encoded messages joined are the message that has all their fields, rows in order: so no turn of
+        # the loop encodes a whole fleet's. A worker thread would not spare the loop: it takes the
+        # interpreter lock in turns with it, 5 ms each, and the loop, which gives the lock up at every poll,
+        # waited for it again and again.)
+        agents, busy, more = self.service.status_snapshot(request.page_token, request.page_size, request.held_here)
+        if more:
+            out.next_page_token = agents[-1][0]
+        parts, cost = [out.SerializeToString()], 0.0
+        for start in range(0, len(agents), ON_LOOP_ROWS):
+            if start:
+                cost += time.perf_counter() - t0
+                await asyncio.sleep(0)
+                t0 = time.perf_counter()
+            rows = self.service.status((agents[start : start + ON_LOOP_ROWS], busy, more))
+            parts.append(_status_rows(pb.GetStatusResponse(), rows).SerializeToString())
+        return b"".join(parts), cost + time.perf_counter() - t0
+
+
+class Shared(Generic[T]):
+    """An answer made once for every caller that asks for it (by key) while it is fresh: made again when the key
+    changes, or after `1 / share - 1` times what it took to make (so that making it takes at most `share` of
+    the loop however often it is asked), at most `max_age_s` after it was made. Callers that ask while it
+    is being made wait for that one."""
+
+    def __init__(self, share: float, max_age_s: float) -> None:
+        self.share, self.max_age_s = share, max_age_s
+        self._key: object = None
+        self._made: asyncio.Task[T] | None = None
+        self._fresh_until = -math.inf
+
+    async def get(self, key: object, make: Callable[[], Awaitable[tuple[T, float]]]) -> T:
+        """The answer for `key`; `make` makes one: (the answer, the seconds of the loop it took)."""
+        task = self._made
+        if task is None or key != self._key or (task.done() and time.monotonic() >= self._fresh_until):
+            self._key, self._fresh_until = key, -math.inf
+            self._made = task = asyncio.create_task(self._make(make))
+        # Shielded: a caller that gives up does not cancel the answer the others wait for.
+        return await asyncio.shield(task)
+
+    async def _make(self, make: Callable[[], Awaitable[tuple[T, float]]]) -> T:
+        answer, cost = await make()
+        self._fresh_until = time.monotonic() + min(cost * (1 / self.share - 1), self.max_age_s)
+        return answer
 
 
 def _written(changes: list[Change], generation: int) -> pb.WriteResponse:
@@ -376,10 +424,20 @@ def add_to_server(server: grpc.aio.Server, service: LimiterService, mtls: bool =
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         wrap = _parsed_stream if method.server_streaming else _parsed
         handlers[method.name] = make(
-            wrap(impl, request_type), request_deserializer=None, response_serializer=response_type.SerializeToString
+            wrap(impl, request_type), request_deserializer=None, response_serializer=_wire(response_type)
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("limiter.v1.Limiter", handlers),))
     return api
+
+
+def _wire(response_type: Any) -> Callable[[Any], bytes]:
+    """A method's response serializer: its message encoded, or bytes a method encoded itself sent as they are."""
+    encode = response_type.SerializeToString
+
+    def serialize(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else encode(response)  # type: ignore[no-any-return]
+
+    return serialize
 
 
 async def _parse(raw: bytes, request_type: Any, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[type-arg]

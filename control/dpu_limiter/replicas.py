@@ -82,6 +82,15 @@ class Replicas:
             raise ValueError(f"replica lease: must be more than {3 * FENCE_MARGIN_S:g} s, got {lease_s!r}")
         if backups < 0:
             raise ValueError(f"backup streams: must be 0 or more, got {backups!r}")
+        if lease_s >= service.lease_s / 3:
+            # Allowed (a long one rides out database restarts), but a replica that stalls with its session
+            # open keeps its DPUs until its lease ends, and theirs may lapse before another may take them.
+            LOG.warning(
+                "replica lease %g s is not below a third of the DPUs' lease (%g s): a replica that stalls "
+                "(its session still open) keeps its DPUs that long, and their leases may lapse meanwhile",
+                lease_s,
+                service.lease_s,
+            )
         self.backups = backups  # how many replicas after each pod's holder keep backup streams to its DPUs
         self.service = service
         # A connection of its own (made by `registry`): a fleet's long write on the service's must not hold

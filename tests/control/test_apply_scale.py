@@ -17,7 +17,7 @@ from types import ModuleType
 import grpc
 import pytest
 
-from dpu_limiter import planning
+from dpu_limiter import api, planning
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import DesiredState, InvalidArgument, Pod
@@ -109,6 +109,46 @@ async def test_a_fleet_apply_leaves_the_server_answering(
         assert gaps and max(gaps) < cp.service.lease_s / 3 + BOUND_S, f"lease renewals {attempt}: {gaps}"
     status = await c.status()
     assert len(status.dpus) == 2 * PODS and status.generation == reply.generation
+
+
+async def test_polling_the_whole_fleets_status_takes_a_bounded_share_of_the_loop(
+    plane: tuple[ControlPlane, LimiterClient, list[float]],
+) -> None:
+    # Four clients ask for every DPU's row back to back: the rows are made at most a tenth of the time
+    # (api.WHOLE_STATUS_SHARE), one make allowed over; a write is seen by the next call all the same.
+    cp, c, _ = plane
+    reply = await c.stub.Apply(fleet(PODS, f"127.0.0.1:{free_port()}"))
+    making: list[float] = []
+    rows = cp.service.status
+
+    def timed(*args: object, **kwargs: object) -> object:
+        t0 = time.perf_counter()
+        try:
+            return rows(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            making.append(time.perf_counter() - t0)
+
+    cp.service.status = timed  # type: ignore[method-assign,assignment]
+    answers = 0
+
+    async def poll(until: float) -> None:
+        nonlocal answers
+        while time.monotonic() < until:
+            status = await c.status()
+            assert len(status.dpus) == 2 * PODS and status.generation >= reply.generation
+            answers += 1
+
+    start = time.monotonic()
+    await asyncio.gather(*(poll(start + 3.0) for _ in range(4)))
+    elapsed = time.monotonic() - start
+    chunks = -(-2 * PODS // api.ON_LOOP_ROWS)  # the calls of service.status that make one answer
+    one = max(sum(making[i : i + chunks]) for i in range(0, len(making), chunks))
+    assert sum(making) <= api.WHOLE_STATUS_SHARE * elapsed + one, (sum(making), elapsed, len(making) // chunks)
+    assert answers > len(making) // chunks
+    cp.service.status = rows  # type: ignore[method-assign]
+    await c.stub.Delete(pb.DeleteRequest(dpus=["dpu-000001"]))
+    status = await c.status()
+    assert status.generation > reply.generation and len(status.dpus) == 2 * PODS - 1
 
 
 async def test_overlaps_are_found_at_scale(plane: tuple[ControlPlane, LimiterClient, list[float]]) -> None:

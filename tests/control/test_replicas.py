@@ -28,7 +28,9 @@ from finsy.p4client import P4ClientError
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Dpu, Pod
 from dpu_limiter.replicas import owner
+from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
+from dpu_limiter.settings import Settings
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
 from dpu_limiter.units import POLL_S, SESSION_GRACE_S
@@ -53,6 +55,18 @@ from helpers.replica_fleet import (
 )
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def test_a_replica_lease_too_long_for_the_dpus_lease_is_warned_of(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A red team stalled (SIGSTOP) a replica whose lease (12 s) outlived its DPUs' (6 s): nobody could take
+    # them in time, their leases lapsed. Allowed (tests ride out database restarts so), never silently.
+    for replica_lease_s, warned in ((20.0, True), (5.0, True), (4.9, False)):
+        caplog.clear()
+        plane = ControlPlane(pg_url, "127.0.0.1:0", settings=Settings(lease_s=15.0, replica_lease_s=replica_lease_s))
+        plane.store.close()
+        assert ("not below a third of the DPUs' lease (15 s)" in caplog.text) == warned, (replica_lease_s, caplog.text)
 
 
 async def test_replicas_spread_the_dpus_and_each_has_one_primary(pg_url: str) -> None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import grpc
 
     from .config import Scenario
+    from .report import Report
 
 Handler = Callable[[argparse.Namespace], int]
 # Top-level modules of the lab's own dependencies (pyproject.toml's `lab` extra).
@@ -190,7 +191,16 @@ def _lab_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("dpu-limiter: interrupted; everything the run created was removed", file=sys.stderr)
         return 130
-    return 0 if report.cap_held else 3
+    return exit_status(report)
+
+
+def exit_status(report: Report) -> int:
+    """`lab run`'s exit status for a finished run: 0 the cap held and the run ran as written with no outage, 3
+    a cap did not hold, 4 it held but the run failed otherwise (report.failures: a lease lapsed, an event
+    skipped)."""
+    if not report.cap_held:
+        return 3
+    return 4 if report.failures else 0
 
 
 def _refusal(exc: grpc.RpcError) -> str:
@@ -226,4 +236,4 @@ def _lab_run_virtual(args: argparse.Namespace, scenario: Scenario) -> int:
     except ConfigError as exc:
         print(f"dpu-limiter: {exc}", file=sys.stderr)
         return 2
-    return 0 if report.cap_held else 3
+    return exit_status(report)

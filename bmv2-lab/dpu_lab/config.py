@@ -5,13 +5,21 @@ from __future__ import annotations
 import ipaddress
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpu_limiter.models import NAME_RE, Cap, InvalidArgument, cut, shown
-from dpu_limiter.units import UnitError, allowed_window_bytes, default_burst_bytes, parse_rate
+from dpu_limiter.units import (
+    DEFAULT_LEASE_S,
+    REPLICA_LEASE_S,
+    UnitError,
+    allowed_window_bytes,
+    default_burst_bytes,
+    parse_rate,
+)
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 from dpu_verifier.checks import AuditCheck
 
@@ -267,22 +275,27 @@ class Topology(_Model):
         return {p.name: list(p.hosts) for p in self.pods}
 
 
-def _rate(v: Any) -> float | None:
+def _rate(v: Any, field: str = "rate") -> float | None:
     """A rate field as files write it (20M, 1G, 1e9, ...), in bit/s; None stays None."""
     if v is None:
         return None
     try:
-        return parse_rate(v)
+        return parse_rate(v, field)
     except UnitError as exc:
         raise ValueError(str(exc)) from None
 
 
+# The control plane's names for a cap's fields (its API's) that a scenario names otherwise.
+CAP_FIELDS = {"egress_bps": "egress", "ingress_bps": "ingress"}
+
+
 def control_plane_cap(cap: CapSpec, egress: float, ingress: float) -> None:
-    """Check `cap` at these rates with the control plane's validation (ValueError naming the field)."""
+    """Check `cap` at these rates with the control plane's validation (ValueError naming the scenario's field)."""
     try:
-        Cap.validated(Cap(egress, ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode))
+        Cap.validated(Cap(egress, ingress, cap.window_s, cap.burst_bytes, cap.rebalance, cap.mode), "cap")
     except InvalidArgument as exc:
-        raise ValueError(str(exc)) from None
+        name = exc.field.removeprefix("cap.")
+        raise ValueError(f"{CAP_FIELDS.get(name, name)}: {exc.reason} (got {shown(exc.value)})") from None
 
 
 class CapSpec(_Model):
@@ -296,7 +309,7 @@ class CapSpec(_Model):
     rebalance: bool = False  # node placement: shares follow measured demand
     mode: Literal["rate", "window"] = "rate"
 
-    _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
+    _rates = field_validator("egress", "ingress", mode="before")(lambda v, info: _rate(v, info.field_name))
 
     @model_validator(mode="after")
     def _as_the_control_plane_takes_it(self) -> CapSpec:
@@ -378,6 +391,13 @@ REPLICA_ACTIONS = frozenset(
 )
 # The replicas' events that act on the replica primary for a pod's DPUs.
 POD_REPLICA_ACTIONS = frozenset({"kill-replica", "cut-replica-db", "end-replica-session", "pause-replica"})
+# The events that last `down_s` (1 s unless the file says); on any other, down_s would mean nothing.
+DOWN_ACTIONS = frozenset({"restart-dpu", "restart-db", "cut-replica-db", "end-replica-session", "pause-replica"})
+DEFAULT_DOWN_S = 1.0
+DEFAULT_START_COUNT = 2  # replicas a start-replicas-at-once event starts when it gives no count
+# The most replicas a run starts at once: at the start (control_plane.replicas), in one start-replicas-at-once
+# event, and in all of those events together.
+MAX_REPLICAS = 8
 
 
 class EventSpec(_Model):
@@ -416,18 +436,39 @@ class EventSpec(_Model):
         "pause-replica",
     ]
     dpu: str | None = None
-    down_s: float = Field(default=1.0, ge=0, le=600)
+    # None on the events that take none (DOWN_ACTIONS take DEFAULT_DOWN_S when the file gives none).
+    down_s: float | None = Field(default=None, ge=0, le=600)
     how: CompromiseHow | None = None
     forge: bool = False
     pod: str | None = None
     egress: float | None = Field(default=None, gt=0)
     ingress: float | None = Field(default=None, gt=0)
-    count: int | None = Field(default=None, ge=1, le=8)
+    count: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
 
-    _rates = field_validator("egress", "ingress", mode="before")(lambda v: _rate(v))
+    _rates = field_validator("egress", "ingress", mode="before")(lambda v, info: _rate(v, info.field_name))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_down(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("action") in DOWN_ACTIONS and data.get("down_s") is None:
+            return {**data, "down_s": DEFAULT_DOWN_S}
+        return data
+
+    @property
+    def down_for_s(self) -> float:
+        """How long the event lasts (`down_s`; only the events that take one, DOWN_ACTIONS, have it)."""
+        assert self.down_s is not None, self.action
+        return self.down_s
+
+    @property
+    def start_count(self) -> int:
+        """How many replicas a start-replicas-at-once event starts (`count`, DEFAULT_START_COUNT if none)."""
+        return self.count or DEFAULT_START_COUNT
 
     @model_validator(mode="after")
     def _fields(self) -> EventSpec:
+        if self.down_s is not None and self.action not in DOWN_ACTIONS:
+            raise ValueError(f"down_s: {self.action} lasts no time; remove down_s")
         if self.action == "compromise" and self.how is None:
             raise ValueError(
                 "how: a compromise needs how (raise-meter, delete-meter, forward-unclassified or load-pipeline)"
@@ -458,10 +499,39 @@ class ControlPlaneSpec(_Model):
     run is given (`lab run --control-db URL`). `lease_s` is the DPUs' lease (`serve --lease-s`) and
     `replica_lease_s` each replica's lease in the database (`--replica-lease-s`); None: serve's defaults."""
 
-    replicas: int = Field(default=1, ge=1, le=8)
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     lease_s: float | None = Field(default=None, gt=0, le=3600)
     # serve refuses a replica lease of 3 s or less (more than three times its 1 s fencing margin).
     replica_lease_s: float | None = Field(default=None, gt=3, le=600)
+
+    def dpu_lease(self) -> float:
+        """The DPUs' lease the run's control plane uses: lease_s, or serve's default."""
+        return DEFAULT_LEASE_S if self.lease_s is None else self.lease_s
+
+    def replica_lease(self) -> float:
+        """Each replica's lease in the database: replica_lease_s, or serve's default."""
+        return REPLICA_LEASE_S if self.replica_lease_s is None else self.replica_lease_s
+
+    def check_leases(self) -> None:
+        """A replica's lease below a third of the DPUs' (ValueError naming the field): a replica that stalls
+        keeps its DPUs until its own lease runs out, and theirs, renewed every third, must outlast that."""
+        if self.replicas == 1 and self.replica_lease_s is None:
+            return  # one control plane on a file has no replica lease
+        lease, replica = self.dpu_lease(), self.replica_lease()
+        if replica < lease / 3:
+            return
+        default = ", serve's default"
+        if self.replica_lease_s is not None:
+            raise ValueError(
+                f"control_plane.replica_lease_s: {replica:g} must be below a third of control_plane.lease_s "
+                f"({lease:g}{'' if self.lease_s is not None else default}): a replica that stalls keeps its DPUs "
+                "until its own lease runs out, and theirs would lapse first"
+            )
+        raise ValueError(
+            f"control_plane.lease_s: {lease:g} must be more than three times control_plane.replica_lease_s "
+            f"({replica:g}{default}): a replica that stalls keeps its DPUs until its own lease runs out, and "
+            "theirs would lapse first"
+        )
 
 
 # Probes send traffic of their own (part of the pod's cap): a scenario asks for them.
@@ -573,6 +643,7 @@ class Scenario(_Model):
 
     def _replica_events(self) -> None:
         """Events on replicas need more than one of them, and the audit reads one control plane's API."""
+        self.control_plane.check_leases()
         replicas = self.control_plane.replicas
         for pi, ph in enumerate(self.phases):
             for ei, ev in enumerate(ph.events):
@@ -581,11 +652,48 @@ class Scenario(_Model):
                         f"phases[{pi}].events[{ei}].action: {ev.action} needs control_plane.replicas of 2 or more "
                         f"(got {replicas})"
                     )
+                if ev.action == "restart-db" and ev.at_s + ev.down_for_s > ph.duration_s:
+                    # Stopped past the phase's end, it would be started again only by the run's cleanup.
+                    raise ValueError(
+                        f"phases[{pi}].events[{ei}].down_s: {ev.down_for_s:g} s from at_s {ev.at_s:g} runs past the "
+                        f"phase's end ({ph.duration_s:g} s)"
+                    )
+        self._replica_counts()
         if replicas > 1 and self.audit is not None:
             raise ValueError(
                 "audit: not yet with control_plane.replicas > 1 (the audit reads one control plane's API, which "
                 "counts only the DPUs that replica holds)"
             )
+
+    def _replica_counts(self) -> None:
+        """In the order the events come: every kill leaves a live replica to serve the API and take its DPUs
+        (a start counts from its time on), and the start-replicas-at-once events start MAX_REPLICAS at most."""
+        first, started, killed = self.control_plane.replicas, 0, 0
+        # A kill at the time of a start is counted first: the new replicas may not have joined yet.
+        order = sorted(
+            (
+                (pi, ev.at_s, ev.action != "kill-replica", ei, ev)
+                for pi, ph in enumerate(self.phases)
+                for ei, ev in enumerate(ph.events)
+            ),
+            key=lambda x: x[:4],
+        )
+        for pi, _, _, ei, ev in order:
+            where = f"phases[{pi}].events[{ei}]"
+            if ev.action == "start-replicas-at-once":
+                started += ev.start_count
+                if started > MAX_REPLICAS:
+                    raise ValueError(
+                        f"{where}.count: the start-replicas-at-once events together start {started} replicas; at most "
+                        f"{MAX_REPLICAS} in a run"
+                    )
+            elif ev.action == "kill-replica":
+                if first + started - killed < 2:
+                    raise ValueError(
+                        f"{where}.action: kill-replica would leave no live replica (control_plane.replicas {first}, "
+                        f"{started} started by events before it, {killed} killed)"
+                    )
+                killed += 1
 
     def replica_events(self) -> list[tuple[int, EventSpec]]:
         """The events on replicas and their database, with the index of their phase."""
@@ -619,7 +727,7 @@ class Scenario(_Model):
                     try:
                         control_plane_cap(cap, ev.egress, ev.ingress)
                     except ValueError as exc:
-                        raise ValueError(f"phases[{i}].events[{j}]: {exc}") from None
+                        raise ValueError(f"phases[{i}].events[{j}].{exc}") from None
 
     def _router_placement(self) -> None:
         """A router's limiter holds its cell's pods as one (routing.py): their caps must add up."""
@@ -670,17 +778,44 @@ def probe_seconds_needed(cap: CapSpec, rate: float, factor: float) -> float:
     return hi
 
 
+# A field path at the start of a validator's message ("phases[0].events[1].at_s: ..."); group 1 the path.
+LEADING_PATH = re.compile(r"([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): ")
+
+
+def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """A pydantic error's location as the lab's messages write a field: phases[0].events[1].at_s."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def error_lines(exc: ValidationError, limit: int) -> list[str]:
+    """Each of `exc`'s errors (at most `limit`) as one bounded line, "FIELD.PATH: what (got VALUE)", in one
+    style whichever validator found it."""
+    lines = []
+    for err in exc.errors()[:limit]:
+        where, msg, value = field_path(err["loc"]), err["msg"], err.get("input")
+        if err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            named = LEADING_PATH.match(msg)
+            # A model's validator (its input the model's mapping) names the field from where that model sits; a
+            # field's validator may repeat the field's own name.
+            if named and isinstance(value, dict):
+                where, msg = f"{where}.{named[1]}" if where else named[1], msg[named.end() :]
+            elif named and named[1] == str(err["loc"][-1] if err["loc"] else ""):
+                msg = msg[named.end() :]
+        # A mapping or list is the model's own input: the message names what in it is wrong.
+        got = "" if isinstance(value, dict | list) else f" (got {shown(value)})"
+        lines.append(f"{cut(where, 200) + ': ' if where else ''}{cut(msg, 200)}{got}")
+    return lines
+
+
 def _format_error(path: Path, exc: ValidationError) -> str:
     # Bounded however large the file's values are: each part cut, at most MAX_ERRORS lines.
-    errors = exc.errors()
-    lines = [f"{path}: invalid scenario"]
-    for err in errors[:MAX_ERRORS]:
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        value = err.get("input")
-        got = shown(value) if not isinstance(value, dict | list) else type(value).__name__
-        lines.append(f"  {cut(loc, 200)}: {cut(err['msg'], 200)} (got {got})")
-    if len(errors) > MAX_ERRORS:
-        lines.append(f"  ... and {len(errors) - MAX_ERRORS} more")
+    lines = [f"{path}: invalid scenario", *(f"  {line}" for line in error_lines(exc, MAX_ERRORS))]
+    if exc.error_count() > MAX_ERRORS:
+        lines.append(f"  ... and {exc.error_count() - MAX_ERRORS} more")
     return "\n".join(lines)
 
 

@@ -182,10 +182,10 @@ class Driver:
         elif ev.action == "restart-dpu":
             assert ev.dpu is not None
             await b.kill(ev.dpu)
-            self._schedule(step.t_s + ev.down_s, ev, revive=True)
-            b.say(f"{t_s:.1f} s: {ev.dpu} killed, back in {ev.down_s:g} s with no pipeline")
+            self._schedule(step.t_s + ev.down_for_s, ev, revive=True)
+            b.say(f"{t_s:.1f} s: {ev.dpu} killed, back in {ev.down_for_s:g} s with no pipeline")
         else:
             assert ev.dpu is not None and ev.how is not None
             compromise(b.firmware(ev.dpu), ev.how, ev.forge, list(host_macs(self.scenario).values()))
             b.say(f"{t_s:.1f} s: {ev.dpu} compromised ({ev.how}{', forging' if ev.forge else ''})")
-        self.events.append(event_record(ev, t_s))
+        self.events.append(event_record(ev, t_s, step.t_s))

@@ -18,13 +18,14 @@ from .evaluate import PlotSeries, sealing_summary
 from .report import Report, write_report
 
 
-def event_record(ev: EventSpec, t_s: float) -> dict[str, object]:
-    """The report's entry for a scenario event carried out `t_s` into the run."""
-    base: dict[str, object] = {"t_s": round(t_s, 3), "action": ev.action}
+def event_record(ev: EventSpec, t_s: float, scheduled_t_s: float) -> dict[str, object]:
+    """The report's entry for a scenario event due `scheduled_t_s` into the run and carried out at `t_s` (later
+    when what came before it held the run up)."""
+    base: dict[str, object] = {"t_s": round(t_s, 3), "scheduled_t_s": round(scheduled_t_s, 3), "action": ev.action}
     if ev.action == "set-cap":
         return {**base, "pod": ev.pod, "egress": ev.egress, "ingress": ev.ingress}
     if ev.action == "restart-dpu":
-        return {**base, "dpu": ev.dpu, "down_s": ev.down_s}
+        return {**base, "dpu": ev.dpu, "down_s": ev.down_for_s}
     return {**base, "dpu": ev.dpu, "how": ev.how, "forge": ev.forge}
 
 
@@ -56,4 +57,6 @@ def finish(
     if not report.cap_held and report.results and all(r.verdict != "no" for r in report.results):
         verdict = "[red]not shown to hold[/] (the boundary capture lost frames)"
     say(f"cap {verdict}; report in {out_dir}")
+    for why in report.failures:
+        say(f"[red]run failed[/]: {why}")
     return report

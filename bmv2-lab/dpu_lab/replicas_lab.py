@@ -5,7 +5,8 @@ A scenario with `control_plane: {replicas: N}` (N > 1) runs N `dpu-limiter serve
 the run is given (`lab run --control-db URL`), in a schema of the run's own that it drops at the end: a
 run reads nothing it did not write and leaves nothing behind. The driver talks to them through a front, a
 loopback TCP forwarder that joins each new connection to the first replica that accepts it (every replica
-serves the whole API), so that a replica killed mid-run does not take the lab's API with it.
+serves the whole API; none killed, none paused), so that a replica killed or paused mid-run does not take the
+lab's API with it.
 
 The replicas' events (config.REPLICA_ACTIONS), carried out by the real-time runner at their times:
 
@@ -50,7 +51,6 @@ from finsy.proto import p4r, p4r_grpc
 from dpu_limiter import dataplane as dp
 from dpu_limiter.client import LimiterClient, as_dict
 from dpu_limiter.store import is_url, shown_db
-from dpu_limiter.units import DEFAULT_LEASE_S, REPLICA_LEASE_S
 
 from .config import ConfigError, EventSpec, Scenario
 from .evaluate import LabDpu
@@ -58,6 +58,7 @@ from .processes import stop_processes
 from .targets import free_port
 
 SAMPLE_S = 0.1  # how often the watch asks every replica and every DPU
+LATE_S = 1.0  # an event that ran this much after its time is said to have run late (summary.md)
 # What a replica logs when it stops writing to every DPU (replicas.py): no renewal in time, or the database says
 # its lease ended.
 FENCED = ("no lease renewal in time", "the database says our lease ended")
@@ -478,12 +479,12 @@ class Failover:
     @property
     def lease_s(self) -> float:
         """The DPUs' lease."""
-        return self.sc.control_plane.lease_s or DEFAULT_LEASE_S
+        return self.sc.control_plane.dpu_lease()
 
     @property
     def replica_lease_s(self) -> float:
         """Each replica's lease in the database."""
-        return self.sc.control_plane.replica_lease_s or REPLICA_LEASE_S
+        return self.sc.control_plane.replica_lease()
 
     def _now(self) -> float:
         return time.time() - self._t_start
@@ -496,9 +497,7 @@ class Failover:
         self.db = ControlDb(self.url, shlex.split(self.ctl or ""), self.raw / "control-db-ctl.log")
         await asyncio.to_thread(self.db.create)
         self.host = ProxyHost()
-        self.front = self.host.forwarder(
-            lambda: [("127.0.0.1", r.port) for r in self.replicas if not r.killed and r.popen.poll() is None]
-        )
+        self.front = self.host.forwarder(self.api_upstreams)
         started = self._start_replicas(self.sc.control_plane.replicas)
         await self._answering(started)
         self.say(
@@ -569,6 +568,11 @@ class Failover:
 
     def _live(self) -> list[Replica]:
         return [r for r in self.replicas if not r.killed]
+
+    def api_upstreams(self) -> list[tuple[str, int]]:
+        """Where the front joins a new connection: the replicas running and not paused. A paused replica's
+        kernel still completes the connection (its socket listens), but nothing answers until it continues."""
+        return [("127.0.0.1", r.port) for r in self._live() if not r.paused and r.popen.poll() is None]
 
     def _deciders(self) -> set[str]:
         """The replicas whose view of who holds what counts: alive and not cut off from the database."""
@@ -680,8 +684,8 @@ class Failover:
     def tick(self, now: float) -> None:
         """Start every event due by `now` (each runs as a task of its own: the traffic does not wait)."""
         while self._pending and self._pending[0][0] <= now:
-            _, ev = self._pending.pop(0)
-            self._tasks.append(asyncio.create_task(self._carry_out(ev), name=f"event-{ev.action}"))
+            due, ev = self._pending.pop(0)
+            self._tasks.append(asyncio.create_task(self._carry_out(ev, due), name=f"event-{ev.action}"))
 
     async def finish_events(self, grace_s: float = 3.0) -> None:
         """Give events still measuring `grace_s` more, then stop them (what they found is kept)."""
@@ -696,8 +700,11 @@ class Failover:
             await asyncio.gather(self._watch, return_exceptions=True)
             self._watch = None
 
-    async def _carry_out(self, ev: EventSpec) -> None:
-        record: dict[str, Any] = {"t_s": round(self._now(), 3), "action": ev.action}
+    async def _carry_out(self, ev: EventSpec, due: float) -> None:
+        # t_s: when it ran (each event sets it to the moment it acted); scheduled_t_s: when the scenario asked.
+        record: dict[str, Any] = {"t_s": round(self._now(), 3), "scheduled_t_s": round(due, 3), "action": ev.action}
+        if ev.pod is not None:
+            record["pod"] = ev.pod
         self.records.append(record)  # filled in as the event goes on: a run that ends first keeps what it has
         try:
             if ev.action == "kill-replica":
@@ -734,6 +741,10 @@ class Failover:
 
     async def _kill(self, ev: EventSpec, record: dict[str, Any]) -> None:
         assert ev.pod is not None
+        running = [r.id for r in self._live() if r.popen.poll() is None]
+        if len(running) < 2:  # the scenario's counts are checked at load; a replica may have exited on its own
+            left = f"only {running[0]}, which would leave none to serve the API" if running else "none"
+            raise RuntimeError(f"no live replica left to kill ({left})")
         victim, theirs = await self._primary_of(ev.pod)
         t0 = self._now()
         victim.popen.kill()  # kill -9, by its handle
@@ -764,8 +775,8 @@ class Failover:
         t0 = self._now()
         victim.cut = True
         self.host.cut(victim.db_forwarder)
-        record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_s)
-        self.say(f"{t0:.1f} s: replica {victim.id} cut off from the database for {ev.down_s:g} s")
+        record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_for_s)
+        self.say(f"{t0:.1f} s: replica {victim.id} cut off from the database for {ev.down_for_s:g} s")
         others = {r.id for r in self._live() if r is not victim}
 
         def stopped(s: Snapshot) -> bool:
@@ -773,14 +784,14 @@ class Failover:
             return victim.id in s.views and all(victim.id not in s.holders(d) for d in theirs)
 
         async def takeover() -> None:
-            t1 = await self._until(lambda s: all(s.writing(d, others) for d in theirs), ev.down_s)
+            t1 = await self._until(lambda s: all(s.writing(d, others) for d in theirs), ev.down_for_s)
             self._moved(record, t0, t1, theirs, others)
 
         async def stop() -> None:
-            t1 = await self._until(stopped, ev.down_s)
+            t1 = await self._until(stopped, ev.down_for_s)
             record["stopped_writing_s"] = None if t1 is None else round(t1 - t0, 3)
 
-        await asyncio.gather(takeover(), stop(), asyncio.sleep(ev.down_s))
+        await asyncio.gather(takeover(), stop(), asyncio.sleep(ev.down_for_s))
         record["fenced"] = victim.fenced_count() > fenced_before
         self.host.restore(victim.db_forwarder)
         victim.cut = False
@@ -810,12 +821,12 @@ class Failover:
             raise RuntimeError(f"replica {victim.id}'s row names no database session")
         t0 = self._now()
         await asyncio.to_thread(self.db.end_session, session)
-        record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_s)
+        record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_for_s)
         self.say(f"{t0:.1f} s: the database ended replica {victim.id}'s session (process {session})")
         others = {r.id for r in self._live() if r is not victim}
 
         async def renewed() -> None:
-            deadline = time.monotonic() + ev.down_s
+            deadline = time.monotonic() + ev.down_for_s
             while time.monotonic() < deadline:
                 if await asyncio.to_thread(self.db.replica_session, victim.id) not in (session, None):  # type: ignore[union-attr]
                     record["new_session_s"] = round(self._now() - t0, 3)
@@ -824,7 +835,7 @@ class Failover:
             record["new_session_s"] = None
 
         async def taken() -> None:
-            t1 = await self._until(lambda s: any(s.writing(d, others) for d in theirs), ev.down_s)
+            t1 = await self._until(lambda s: any(s.writing(d, others) for d in theirs), ev.down_for_s)
             record["taken_by_others_s"] = None if t1 is None else round(t1 - t0, 3)
 
         await asyncio.gather(renewed(), taken())
@@ -841,14 +852,14 @@ class Failover:
         fenced_before = victim.fenced_count()
         others = {r.id for r in self._live() if r is not victim}
         t0 = self._now()
+        victim.paused = True  # first: the API's front joins no new connection to it from now on
         victim.popen.send_signal(signal.SIGSTOP)  # by its handle
-        victim.paused = True
         try:
-            record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_s)
-            self.say(f"{t0:.1f} s: replica {victim.id} stopped (SIGSTOP) for {ev.down_s:g} s")
-            t1 = await self._until(lambda s: all(s.writing(d, others) for d in theirs), ev.down_s)
+            record.update(t_s=round(t0, 3), pod=ev.pod, replica=victim.id, dpus=theirs, down_s=ev.down_for_s)
+            self.say(f"{t0:.1f} s: replica {victim.id} stopped (SIGSTOP) for {ev.down_for_s:g} s")
+            t1 = await self._until(lambda s: all(s.writing(d, others) for d in theirs), ev.down_for_s)
             self._moved(record, t0, t1, theirs, others)
-            await asyncio.sleep(max(0.0, t0 + ev.down_s - self._now()))
+            await asyncio.sleep(max(0.0, t0 + ev.down_for_s - self._now()))
         finally:
             victim.popen.send_signal(signal.SIGCONT)
             victim.paused = False
@@ -864,7 +875,7 @@ class Failover:
         self.say(f"{t0:.1f} s: stopping the database")
         await self.db.control("stop")
         record["stopped_s"] = round(self._now() - t0, 3)
-        await asyncio.sleep(ev.down_s)
+        await asyncio.sleep(ev.down_for_s)
         await self.db.control("start")
         t1 = self._now()
         record["down_s"] = round(t1 - t0, 3)
@@ -879,7 +890,7 @@ class Failover:
     async def _start_at_once(self, ev: EventSpec, record: dict[str, Any]) -> None:
         before = self.snapshots[-1] if self.snapshots else await self._sample()
         t0 = self._now()
-        new = self._start_replicas(ev.count or 2)
+        new = self._start_replicas(ev.start_count)
         record.update(replicas=[r.id for r in new], pids=[r.popen.pid for r in new])
         self.say(f"{t0:.1f} s: replicas {', '.join(r.id for r in new)} started together")
         await self._answering(new)
@@ -960,15 +971,7 @@ class Failover:
                 key = f"{dpu} {direction}"
                 dropped[key] = now[direction] - before[direction] if now is not None and before is not None else None
         for rec in self.records:
-            ends = [float(rec["t_s"])]
-            for key, base in (("takeover_s", "t_s"), ("back_s", "restored_at_s"), ("settled_s", "t_s")):
-                if rec.get(key) is not None:
-                    ends.append(float(rec[base]) + float(rec[key]))
-            if rec["action"] == "end-replica-session":
-                ends.append(float(rec["t_s"]) + float(rec["down_s"]))
-            if rec.get("settled_after_s") is not None:
-                ends.append(float(rec["t_s"]) + float(rec["down_s"]) + float(rec["settled_after_s"]))
-            rec.update(self._window(float(rec["t_s"]), max(ends) + 1.0))
+            rec.update(self._window(float(rec["t_s"]), event_end(rec) + 1.0))
         least: dict[str, float] = {}
         for s in self.snapshots:
             for d, v in s.lease_left.items():
@@ -992,9 +995,49 @@ class Failover:
         }
 
 
+def event_end(rec: dict[str, Any]) -> float:
+    """The run time an event's record says it was over by (its figures that were measured; an event that failed
+    before it acted has only its time)."""
+    t0 = float(rec["t_s"])
+    ends = [t0]
+    for key, base in (("takeover_s", "t_s"), ("back_s", "restored_at_s"), ("settled_s", "t_s")):
+        if rec.get(key) is not None and rec.get(base) is not None:
+            ends.append(float(rec[base]) + float(rec[key]))
+    down = rec.get("down_s")
+    if rec["action"] == "end-replica-session" and down is not None:
+        ends.append(t0 + float(down))
+    if rec.get("settled_after_s") is not None and down is not None:
+        ends.append(t0 + float(down) + float(rec["settled_after_s"]))
+    return max(ends)
+
+
+def problems(failover: dict[str, Any]) -> list[str]:
+    """Why a run with replicas failed though its cap may have held: an outage (a DPU's lease lapsed or fell to
+    its floor, or a DPU dropped traffic for want of a lease), or an event that did not run as the scenario wrote
+    it. Empty: none."""
+    out = []
+    if failover["lapsed_dpus"]:
+        out.append(f"outage: the lease of {', '.join(failover['lapsed_dpus'])} lapsed")
+    if failover["floored_dpus"]:
+        out.append(f"outage: {', '.join(failover['floored_dpus'])} fell to the floor (no lease at all)")
+    dropped = {k: v for k, v in failover["lease_dropped_bytes"].items() if v}
+    if dropped:
+        out.append(
+            "outage: dropped for want of a lease: " + ", ".join(f"{k} {v} bytes" for k, v in sorted(dropped.items()))
+        )
+    for e in failover["events"]:
+        if "error" in e:
+            what = f"{e['action']}{' of pod ' + e['pod'] if e.get('pod') else ''}"
+            out.append(
+                f"not run as written: {what} (due at {e.get('scheduled_t_s', e['t_s'])} s) was skipped: {e['error']}"
+            )
+    return out
+
+
 def event_records(failover: dict[str, Any]) -> list[dict[str, object]]:
-    """The report's `events` entries for the replicas' events (time, action, and what it acted on)."""
-    keep = ("t_s", "action", "pod", "replica", "replicas", "down_s")
+    """The report's `events` entries for the replicas' events (when each ran and was due, its action, what it
+    acted on, and why it was skipped if it was)."""
+    keep = ("t_s", "scheduled_t_s", "action", "pod", "replica", "replicas", "down_s", "error")
     return [{k: rec[k] for k in keep if k in rec} for rec in failover["events"]]
 
 
@@ -1053,8 +1096,11 @@ def markdown(f: dict[str, Any]) -> str:
         who = e.get("replica") or ", ".join(e.get("replicas", []))
         took = s(e["takeover_s"]) if "takeover_s" in e else "-"
         least = e.get("least_lease_left_s")
+        due = e.get("scheduled_t_s")
+        late = f" (due {due:.2f})" if due is not None and float(e["t_s"]) - float(due) > LATE_S else ""
         lines.append(
-            f"| {e['t_s']:.2f} | {e['action']} {e.get('pod', '')} | {who} | {', '.join(e.get('dpus', []))} | {took} "
+            f"| {e['t_s']:.2f}{late} | {e['action']} {e.get('pod', '')} | {who} | {', '.join(e.get('dpus', []))} "
+            f"| {took} "
             f"| {'; '.join(other)} | {e.get('longest_without_primary_s', 0):.2f} s "
             f"| {'-' if least is None else f'{least:.2f} s'} |"
         )

@@ -156,6 +156,9 @@ class Report:
     # Real time with an audit: `dpu-limiter verify` as a site runs it (site.py): its alerts on the run's
     # time base, detection, and its evidence bundles checked offline.
     verifier: dict[str, Any] | None = None
+    # Why the run failed though its cap may have held (replicas_lab.problems): an outage, or an event that did not
+    # run as the scenario wrote it. `lab run` exits non-zero when there is any.
+    failures: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_choice("target", self.target, get_args(Target))
@@ -190,6 +193,7 @@ class Report:
             boundary=data.get("boundary"),
             sealing=data.get("sealing"),
             verifier=data.get("verifier"),
+            failures=list(data.get("failures", [])),
         )
 
 
@@ -495,4 +499,11 @@ def summary_markdown(report: Report) -> str:
     if not report.cap_held and report.results and all(r.verdict != "no" for r in report.results):
         held = "unknown (the boundary capture lost frames that could have broken it)"
     lines += ["", f"Cap held: {held}", ""]
+    if report.failures:
+        lines += [
+            f"**The run failed**{', though the cap held' if report.cap_held else ''}:",
+            "",
+            *(f"- {why}" for why in report.failures),
+            "",
+        ]
     return "\n".join(lines)

@@ -40,7 +40,7 @@ from .frames import largest_payload, shape
 from .live_audit import LiveAudit
 from .netns import LabNetwork, check_prerequisites, mac_text
 from .processes import stop_processes
-from .replicas_lab import Failover, event_records, markdown
+from .replicas_lab import Failover, event_records, markdown, problems
 from .replicas_lab import check as check_replicas
 from .report import Flow, Phase, Report
 from .site import LabSite
@@ -336,6 +336,7 @@ class LabRun:
             # One replica counts only the DPUs it holds: each pod's counters from a replica that read them all.
             report.dpu_counters = await self.failover.counters()
             self._failover_summary = await self.failover.summary()
+            report.failures += problems(self._failover_summary)
             report.events.extend(event_records(self._failover_summary))  # the driver's list: finish() keeps it
             report.events.sort(key=lambda e: float(e["t_s"]))
         if self.site is not None:

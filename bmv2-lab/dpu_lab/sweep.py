@@ -42,7 +42,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dpu_limiter.yamlfile import YamlFileError, read_yaml
 
-from .config import AuditSpec, CompromiseHow, ConfigError, EventSpec, RoutingSpec, Scenario, load_scenario
+from .config import (
+    MAX_ERRORS,
+    AuditSpec,
+    CompromiseHow,
+    ConfigError,
+    EventSpec,
+    RoutingSpec,
+    Scenario,
+    error_lines,
+    load_scenario,
+)
 from .report import Report
 from .virtual import VirtualLabRun, limiters_of
 
@@ -119,7 +129,7 @@ def load_sweep(path: Path) -> tuple[SweepSpec, Scenario]:
     except YamlFileError as exc:
         raise ConfigError(str(exc)) from None
     except ValidationError as exc:
-        errs = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        errs = "; ".join(error_lines(exc, MAX_ERRORS))
         raise ConfigError(f"{path}: invalid sweep: {errs}") from None
     base = load_scenario((path.parent / spec.scenario).resolve())
     unknown = sorted(set(spec.cap_pods or []) - {c.pod for c in base.caps})
@@ -173,7 +183,7 @@ def scenario_at(base: Scenario, spec: SweepSpec, point: Point) -> Scenario:
     try:  # the combination must make a valid scenario, as a file would have to
         return Scenario.model_validate(sc.model_dump())
     except ValidationError as exc:
-        raise ConfigError(f"sweep point {point.slug}: {exc.errors()[0]['msg']}") from None
+        raise ConfigError(f"sweep point {point.slug}: {error_lines(exc, 1)[0]}") from None
 
 
 def row(point: Point, report: Report) -> dict[str, Any]:

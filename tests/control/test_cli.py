@@ -38,7 +38,7 @@ def test_bad_scenario_exits_2_naming_the_field(tmp_path: Path) -> None:
     bad.write_text(text.replace("../topologies/two-pods.yaml", str(src.parent.parent / "topologies/two-pods.yaml")))
     res = cli("lab", "run", str(bad), "--out", str(tmp_path / "o"))
     assert res.returncode == 2
-    assert "caps.0.egress" in res.stderr and "-20M" in res.stderr
+    assert "caps[0].egress" in res.stderr and "-20M" in res.stderr
 
 
 def test_bad_rate_at_the_cli(tmp_path: Path) -> None:

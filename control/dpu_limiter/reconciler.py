@@ -457,13 +457,7 @@ class DpuAgent:
         if held is None:
             held = await self._read_back(sw, codec)
             confirmed = True
-            if self._lease_out and intent.lease is not None and (not codec.leased(held) or codec.unmetered(held)):
-                # The lease it held (ours, or a predecessor's) is gone, or its meters are unconfigured: the
-                # DPU restarted (its pipeline, even a lease entry, may have survived it: its meters and
-                # window slots did not), or someone reset it. As after a pipeline load.
-                self._state_lost()
-                await self._record_loss()
-                intent = dataclasses.replace(intent, lease=None) if self._holding(intent) else intent
+            intent = await self._unless_lost(codec, intent, held)
         else:
             confirmed = False
         for _ in range(MAX_PASSES):
@@ -487,6 +481,9 @@ class DpuAgent:
                     await sw.write(batch)
             held = await self._read_back(sw, codec)
             confirmed = True
+            # Every read-back, not only a pass's first: a pass started from the last one (a renewal, a
+            # cap change) first sees a reset here, and must not take it for drift and lease on.
+            intent = await self._unless_lost(codec, intent, held)
         else:
             raise DriftError(f"{self.dpu.name}: still differs after {MAX_PASSES} passes: {p.describe()}")
         self._held = held
@@ -505,6 +502,18 @@ class DpuAgent:
         if self.on_applied is not None:
             self.on_applied(ticket)
         self._converged.set()
+
+    async def _unless_lost(self, codec: dp.Codec, intent: dp.Intent, held: dp.Held) -> dp.Intent:
+        """`intent`, without its lease while the DPU's state was lost too recently (_holding), if a read-back
+        (`held`) shows the lease out there gone or its meters unconfigured: the DPU restarted (its pipeline,
+        even a lease entry, may have survived it: its meters and window slots did not), or someone reset it.
+        As after a pipeline load."""
+        if self._lease_out and intent.lease is not None and (not codec.leased(held) or codec.unmetered(held)):
+            self._state_lost()
+            await self._record_loss()
+            if self._holding(intent):
+                return dataclasses.replace(intent, lease=None)
+        return intent
 
     def _on_window_change(self, source: dp.Intent) -> None:
         """Start a hold when a cell's window changes length or a cell enters window mode under a lease.

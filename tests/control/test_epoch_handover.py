@@ -94,6 +94,9 @@ async def test_a_loss_found_while_the_store_is_away_is_stored_within_its_hold(
             for m in pipeline.p4info.meters:  # every cell unconfigured, as after a reset; registers kept
                 reset = p4r.MeterEntry(meter_id=m.preamble.id)
                 pipeline.write(p4r.Update(type=p4r.Update.MODIFY, entity=p4r.Entity(meter_entry=reset)))
+            # Found by a pass a poke starts (as a renewal's), which diffs from its last read-back: it used to take
+            # the reset for drift, rewrite the meters and lease on; only a periodic full read-back found a loss.
+            planes["r1"].service.agents[name].poke()
             await until(lambda: "could not store when its state was lost" in caplog.text, 30, "the loss found")
         finally:
             pg_cluster.sql(pg_url, "ALTER TABLE dpu_epochs_away RENAME TO dpu_epochs")

@@ -57,7 +57,7 @@ from helpers.replica_fleet import (
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_a_replica_lease_too_long_for_the_dpus_lease_is_warned_of(
+async def test_a_replica_lease_too_long_for_the_dpus_lease_is_warned_of(
     pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A red team stalled (SIGSTOP) a replica whose lease (12 s) outlived its DPUs' (6 s): nobody could take

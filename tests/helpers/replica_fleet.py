@@ -78,10 +78,18 @@ def settings(replica_id: str) -> Settings:
 
 @contextlib.asynccontextmanager
 async def replicas(url: str, ids: list[str]) -> AsyncIterator[dict[str, ControlPlane]]:
-    """Control planes on one database, started at once, stopped at the end (those still running)."""
+    """Control planes on one database, started at once, stopped at the end (those still running); yielded once
+    each sees them all live, so that a fleet written then is placed once (not on the first replica up, and moved
+    as the others join: a DPU moved before its holder stored its pipeline instance is held without a lease for a
+    window, docs/leases.md)."""
     planes = {r: ControlPlane(url, "127.0.0.1:0", settings=settings(r)) for r in ids}
     try:
         await asyncio.gather(*(p.start() for p in planes.values()))
+        await until(
+            lambda: all(p.replicas is not None and sorted(p.replicas.live) == sorted(ids) for p in planes.values()),
+            30,
+            "every replica sees the others live",
+        )
         yield planes
     finally:
         await asyncio.gather(*(p.stop() for p in planes.values() if p.replicas is not None and p.replicas._tasks))

@@ -349,7 +349,8 @@ class Shared(Generic[T]):
 
     async def _make(self, make: Callable[[], Awaitable[tuple[T, float]]]) -> T:
         answer, cost = await make()
-        self._fresh_until = time.monotonic() + min(cost * (1 / self.share - 1), self.max_age_s)
+        if asyncio.current_task() is self._made:  # not one for a key that has changed since
+            self._fresh_until = time.monotonic() + min(cost * (1 / self.share - 1), self.max_age_s)
         return answer
 
 

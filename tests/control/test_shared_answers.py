@@ -58,6 +58,18 @@ async def test_a_new_key_is_made_at_once() -> None:
     assert await shared.get(2, make) == 2
 
 
+async def test_an_answer_for_an_old_key_made_last_does_not_keep_the_new_one() -> None:
+    old, new = Maker(cost=10.0), Maker(cost=0.0)
+    shared = Shared[int](0.1, 1.0)
+    old.hold.clear()
+    first = asyncio.create_task(shared.get(1, old))
+    await asyncio.sleep(0)
+    assert await shared.get(2, new) == 1  # made at once, kept for no time
+    old.hold.set()
+    assert await first == 1  # its answer, made last, is kept for no key
+    assert await shared.get(2, new) == 2
+
+
 async def test_a_caller_that_gives_up_does_not_cancel_the_others_answer() -> None:
     shared, make = Shared[int](0.1, 1.0), Maker()
     make.hold.clear()

@@ -448,7 +448,8 @@ class LimiterService:
         self._store_soon(self._store_lease_holds([(name, self.clock.time() + (until - self.clock.monotonic()))]))
 
     def _store_soon(self, write: Coroutine[Any, Any, list[None]]) -> None:
-        """Run a batched store write in the background (an agent's callback cannot wait for it)."""
+        """Run a batched store write in the background (an agent's callback cannot wait for it; a pass need
+        not wait for a hold's release)."""
         task = asyncio.create_task(write)
         self._storing.add(task)
         task.add_done_callback(self._stored)
@@ -456,8 +457,9 @@ class LimiterService:
     def _stored(self, task: asyncio.Task[list[None]]) -> None:
         self._storing.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            # The DPU's next holder does not know of it: it waits as for a stranger's instance, or not for the hold.
-            LOG.warning("storing a DPU's lease hold or pipeline instance failed: %s", exc)
+            # A DPU's next holder does not know of it: it waits as for a stranger's instance, or not for the hold;
+            # or a pod's next holder waits out a growth hold that had ended.
+            LOG.warning("storing a lease hold, a pipeline instance or a growth hold's end failed: %s", exc)
 
     def _start_agents(self) -> None:
         """Start the agents made since (once the write that made them is done with the loop)."""
@@ -639,7 +641,9 @@ class LimiterService:
                 with self._parked():
                     await self.clock.sleep(wait)
             if hold is not None:  # nothing that shrank can pass its old share any more
-                await self._releases([hold])
+                # Forgotten in the background: the pass (and the pod's convergence) need not wait for a commit
+                # whose only effect, lost to a crash, is a successor waiting out a hold that has ended here.
+                self._store_soon(self._releases([hold]))
             tickets = await self._grant(target)
             with self._parked():
                 confirmed = await self._confirmed(tickets, step_timeout)

@@ -475,6 +475,13 @@ class DpuAgent:
                     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time()))
                     self.status.last_drift = f"{when}: {drift.describe()}"
                     LOG.warning("%s: drift corrected: %s", self.dpu.name, drift.describe())
+                    # Under a lease, drift is a loss: since the last read-back the DPU ran on what someone
+                    # else wrote (a meter raised, a window budget or a lease rewritten), and may have passed its whole
+                    # budget and more. A red team rewriting a meter every 20 ms passed 5,219,378 B in 12 s
+                    # against 1,517,902 while each correction leased on.
+                    if (lost := await self._as_lost(intent)) is not intent:
+                        intent = lost
+                        p = codec.plan(intent, held)
                 else:
                     LOG.debug("%s: %d updates", self.dpu.name, p.changes)
                 for batch in p.batches():
@@ -508,7 +515,14 @@ class DpuAgent:
         (`held`) shows the lease out there gone or its meters unconfigured: the DPU restarted (its pipeline,
         even a lease entry, may have survived it: its meters and window slots did not), or someone reset it.
         As after a pipeline load."""
-        if self._lease_out and intent.lease is not None and (not codec.leased(held) or codec.unmetered(held)):
+        if not codec.leased(held) or codec.unmetered(held):
+            return await self._as_lost(intent)
+        return intent
+
+    async def _as_lost(self, intent: dp.Intent) -> dp.Intent:
+        """`intent`, without its lease while a hold runs, if the DPU held a lease: its state counts as lost
+        now (stored, so that its next holder holds too)."""
+        if self._lease_out and intent.lease is not None:
             self._state_lost()
             await self._record_loss()
             if self._holding(intent):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from finsy.proto import p4r
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.server import ControlPlane
 from dpu_softswitch.firmware import LocalFirmware
-from helpers.p4rt import connect, table_entry
+from helpers.p4rt import connect, lease_left_us, table_entry
 from helpers.planes import programmed_target, register
 from helpers.processes import free_port, start_embedded
 
@@ -147,6 +148,28 @@ async def test_drift_is_corrected_and_reported(db: str, renewed: bool) -> None:
         assert len(table.entries) == 2
         cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
         assert cfg == (2_499_000, 49_400, 2_499_000, 49_400)
+
+
+async def test_drift_under_a_lease_is_a_loss_the_lease_held_back(db: str) -> None:
+    """Someone raises a meter of a leased DPU: since the last read-back it may have passed anything, so the
+    correction also holds the lease back as after a reset (here the bucket's fill time, 2 MB at 1 MB/s)."""
+    async with programmed_target(db, (8e6, 8e6, 10.0, 2_000_000)) as (device, plane, _c):
+        agent = plane.service.agents["dpu-a"]
+        assert lease_left_us(device) > 0
+        assert device.pipeline is not None
+        meter = device.pipeline.program.meters["LimiterIngress.boundary_meter"]
+        ours = meter.get_p4runtime_config(0)
+        meter.set_p4runtime_config(0, 10**9, 10**9, 10**9, 10**9)
+        found = time.monotonic()
+        assert await agent.wait_applied(agent.poke(), 30)
+        assert meter.get_p4runtime_config(0) == ours
+        assert agent.status.drift_corrections == 1 and "1 meter cells rewritten" in agent.status.last_drift
+        assert lease_left_us(device) <= 0  # no lease, the floor: as if it had spent its bucket as it was found
+        # The hold ends by itself (no renewal due for 10 s): a lease again once the bucket has had time to fill.
+        while lease_left_us(device) <= 0:
+            assert time.monotonic() - found < 15, "no lease after the hold"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - found >= 2.0
 
 
 async def test_another_program_with_the_same_tables_is_found_by_its_hash(db: str) -> None:

@@ -14,6 +14,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
+from dpu_softswitch.server import Device
 from helpers.paths import BMV2_JSON, P4INFO
 
 A_HOST, B_HOST = "10.0.1.1", "10.0.2.1"
@@ -120,6 +121,21 @@ def lease_entry(sch: object, gen: int, deadline_us: int) -> p4r.Entity:
     assert isinstance(sch, P4Schema)
     action = P4TableAction("LimiterIngress.lease", gen=gen, deadline=deadline_us, epoch=0)
     return P4TableEntry("LimiterIngress.lease_cfg", action=action, is_default_action=True).encode(sch)
+
+
+def lease_deadline_us(device: Device) -> int:
+    """The deadline of the lease an embedded target holds (us, on its own clock; 0: none)."""
+    pipeline = device.pipeline
+    if pipeline is None:
+        return 0
+    [entity] = pipeline.read(lease_entry(schema(), 0, 0))
+    params = {p.param_id: int.from_bytes(p.value, "big") for p in entity.table_entry.action.action.params}
+    return params.get(2, 0)
+
+
+def lease_left_us(device: Device) -> int:
+    """How long the lease an embedded target holds runs on (us, on its own clock; <= 0: lapsed or none)."""
+    return lease_deadline_us(device) - device.clock.now_us() if device.pipeline is not None else 0
 
 
 SEAL_PORT = 2  # a node DPU's crypto engine, in program_limiter

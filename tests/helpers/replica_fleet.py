@@ -21,7 +21,7 @@ from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.units import CPU_PORT, POLL_S
 from dpu_softswitch.server import Device, P4RuntimeService, add_to_server
-from helpers.p4rt import lease_entry, schema
+from helpers.p4rt import lease_deadline_us, lease_left_us
 
 LEASE_S = 15.0  # the DPUs' lease: renewed every 5 s, so a takeover must come within 10 s of a holder's end
 REPLICA_LEASE_S = 4.0  # a replica's lease in the database
@@ -42,16 +42,11 @@ class Target:
 
     def lease_deadline_us(self) -> int:
         """The deadline of the lease the target holds (us, on its own clock; 0: none)."""
-        pipeline = self.device.pipeline
-        if pipeline is None:
-            return 0
-        [entity] = pipeline.read(lease_entry(schema(), 0, 0))
-        params = {p.param_id: int.from_bytes(p.value, "big") for p in entity.table_entry.action.action.params}
-        return params.get(2, 0)
+        return lease_deadline_us(self.device)
 
     def lease_left_us(self) -> int:
         """How long the lease the target holds runs on (us, on its own clock; <= 0: lapsed or none)."""
-        return self.lease_deadline_us() - self.device.clock.now_us() if self.device.pipeline is not None else 0
+        return lease_left_us(self.device)
 
 
 @contextlib.asynccontextmanager

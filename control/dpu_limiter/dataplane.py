@@ -121,18 +121,6 @@ class Intent:
     sealing: tuple[tuple[int, int | None, str], ...] = ()
 
 
-# The lists of a Plan that each part of an Intent gives rise to.
-PLAN_PARTS = {
-    "meters": ("meters",),
-    "windows": ("set_windows", "modify_windows", "delete_windows"),
-    "prefixes": ("delete_exemptions", "insert_exemptions"),
-    "peers": ("delete_exemptions", "insert_exemptions"),
-    "boundary": ("insert_boundary", "modify_boundary", "delete_boundary"),
-    "sealing": ("delete_exemptions", "insert_exemptions", "modify_boundary"),
-    "lease": ("lease",),
-}
-
-
 def arp_allowance(cap: Cap, direction: str) -> tuple[float, int]:
     """(rate bit/s, burst bytes) of the ARP meter under `cap`: ARP's fixed allowance, or all of a
     share too small to hold it (the data meter then gets nothing)."""
@@ -543,16 +531,6 @@ class Codec:
             canon = canonical(te)
             hit = self._seen[raw] = (entry_key(canon), canon)
         return hit
-
-    def drift(self, applied: Intent, intent: Intent, held: Held) -> Plan:
-        """What the DPU no longer holds of `applied` (the intent it last confirmed holding), in the
-        parts that `intent` has not moved since: the rest, a lease renewed or a cap changed, are our
-        own changes, not drift."""
-        moved = [f for part, fs in PLAN_PARTS.items() if getattr(intent, part) != getattr(applied, part) for f in fs]
-        drift = self.plan(applied, held)
-        for f in moved:
-            setattr(drift, f, [])
-        return drift
 
     def plan(self, intent: Intent, held: Held) -> Plan:
         """Diff the intent against what the DPU holds.

@@ -330,6 +330,7 @@ class DpuAgent:
             # and the DPU refuses our writes. Nothing is tried; finsy calls this again if we become primary.
             self.status.converged = False
             self.status.last_error = f"backup: the DPU's primary has election id {sw.primary_id}"
+            self._applied_intent = None  # the primary writes what it will: nothing it writes is drift
             LOG.warning("%s: %s", self.dpu.name, self.status.last_error)
             return
         self._held = None  # a new connection: the DPU may have restarted, read it afresh
@@ -460,32 +461,37 @@ class DpuAgent:
             intent = await self._unless_lost(codec, intent, held)
         else:
             confirmed = False
+        # What the DPU should hold as read back: before this pass writes, what the last one confirmed (a lease
+        # renewed or a cap changed since is ours to write, not drift); after, what this pass wrote.
+        expected = self._applied_intent
         for _ in range(MAX_PASSES):
             p = codec.plan(intent, held)
             if not p.changes and confirmed:
                 break
             if p.changes:
-                # Drift: as read back, the DPU no longer holds what it last confirmed holding: someone else
-                # (or a restart) changed it. What our own intent changed since (a lease renewal, a new
-                # cap) is not drift, so the diff is taken against the last applied intent.
-                applied = self._applied_intent
-                drift = None if not confirmed or applied is None else codec.drift(applied, intent, held)
+                # Drift: as read back, the DPU holds something other than what it should: someone else (or a
+                # restart) changed it.
+                drift = None if not confirmed or expected is None else codec.plan(expected, held)
                 if drift is not None and drift.changes:
                     self.status.drift_corrections += 1
                     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock.time()))
                     self.status.last_drift = f"{when}: {drift.describe()}"
                     LOG.warning("%s: drift corrected: %s", self.dpu.name, drift.describe())
-                    # Under a lease, drift is a loss: since the last read-back the DPU ran on what someone
-                    # else wrote (a meter raised, a window budget or a lease rewritten), and may have passed its whole
-                    # budget and more. A red team rewriting a meter every 20 ms passed 5,219,378 B in 12 s
-                    # against 1,517,902 while each correction leased on.
+                    # Drift is a loss: since the last read-back the DPU ran on what someone else wrote (a meter
+                    # raised, a window budget or a lease rewritten), and may have passed its whole budget and
+                    # more. A red team rewriting a meter every 20 ms passed 5,219,378 B in 12 s against 1,517,902
+                    # while each correction leased on. Also during a hold: a lease forged then holds it longer.
                     if (lost := await self._as_lost(intent)) is not intent:
                         intent = lost
                         p = codec.plan(intent, held)
                 else:
                     LOG.debug("%s: %d updates", self.dpu.name, p.changes)
+                # Written and not yet confirmed, the DPU holds no intent we know: a pass that fails from here
+                # leaves the next one nothing to take its half-written state for drift against.
+                self._applied_intent = None
                 for batch in p.batches():
                     await sw.write(batch)
+                expected = intent
             held = await self._read_back(sw, codec)
             confirmed = True
             # Every read-back, not only a pass's first: a pass started from the last one (a renewal, a
@@ -515,18 +521,17 @@ class DpuAgent:
         (`held`) shows the lease out there gone or its meters unconfigured: the DPU restarted (its pipeline,
         even a lease entry, may have survived it: its meters and window slots did not), or someone reset it.
         As after a pipeline load."""
-        if not codec.leased(held) or codec.unmetered(held):
+        if self._lease_out and intent.lease is not None and (not codec.leased(held) or codec.unmetered(held)):
             return await self._as_lost(intent)
         return intent
 
     async def _as_lost(self, intent: dp.Intent) -> dp.Intent:
-        """`intent`, without its lease while a hold runs, if the DPU held a lease: its state counts as lost
-        now (stored, so that its next holder holds too)."""
-        if self._lease_out and intent.lease is not None:
-            self._state_lost()
-            await self._record_loss()
-            if self._holding(intent):
-                return dataclasses.replace(intent, lease=None)
+        """`intent`, without its lease while a hold runs: the DPU's state counts as lost now, if it may ever have
+        passed metered traffic (stored, so that its next holder holds too)."""
+        self._state_lost()
+        await self._record_loss()
+        if intent.lease is not None and self._holding(intent):
+            return dataclasses.replace(intent, lease=None)
         return intent
 
     def _on_window_change(self, source: dp.Intent) -> None:
@@ -542,11 +547,18 @@ class DpuAgent:
         before = self._leased_source
         if before is None or source.windows == before.windows:
             return
-        if all(before.windows.get(cell, (0, 0))[1] == mult for cell, (_, mult) in source.windows.items()):
-            return  # budgets moved, windows kept: the slots still count
-        if self._window_change_seen == source.windows:
-            return  # already held for this change (a retried pass)
-        self._window_change_seen = source.windows
+
+        def kept(old: dict[int, tuple[int, int]]) -> bool:  # every cell's window as in `old`: only budgets moved
+            return all(old.get(cell, (0, 0))[1] == mult for cell, (_, mult) in source.windows.items())
+
+        if kept(before.windows):
+            return  # the slots still count
+        seen, self._window_change_seen = self._window_change_seen, source.windows
+        if seen is not None and kept(seen):
+            # Already held for these windows (a retried pass, or a budget moved since): holding again from
+            # now kept a pod whose budget an operator tuned during the hold at its floor for as long as they
+            # did (a red team moved from rate mode and changed the budget every 2 s).
+            return
         LOG.warning("%s: a window changed: no lease until neither window spans the change", self.dpu.name)
         hold = max(dp.hold_after_reset_s(before), dp.hold_after_reset_s(source))
         self._hold_until = max(self._hold_until, self.clock.monotonic() + hold)

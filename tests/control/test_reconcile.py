@@ -8,15 +8,17 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from finsy.proto import p4r
 
 from dpu_limiter.client import LimiterClient
+from dpu_limiter.reconciler import DriftError
 from dpu_limiter.server import ControlPlane
 from dpu_softswitch.firmware import LocalFirmware
-from helpers.p4rt import connect, lease_left_us, table_entry
+from helpers.p4rt import LONG_LEASE_US, connect, lease_entry, lease_left_us, schema, table_entry
 from helpers.planes import programmed_target, register
 from helpers.processes import free_port, start_embedded
 
@@ -170,6 +172,57 @@ async def test_drift_under_a_lease_is_a_loss_the_lease_held_back(db: str) -> Non
             assert time.monotonic() - found < 15, "no lease after the hold"
             await asyncio.sleep(0.05)
         assert time.monotonic() - found >= 2.0
+
+
+async def test_a_lease_forged_during_the_hold_holds_it_again(db: str) -> None:
+    """The hold after drift is a lease withheld, which whoever wrote the drift can write back: found at the next
+    read-back, that is drift too, and the hold starts again from there."""
+    async with programmed_target(db, (8e6, 8e6, 10.0, 2_000_000)) as (device, plane, _c):
+        agent = plane.service.agents["dpu-a"]
+        assert device.pipeline is not None
+        meter = device.pipeline.program.meters["LimiterIngress.boundary_meter"]
+        meter.set_p4runtime_config(0, 10**9, 10**9, 10**9, 10**9)
+        assert await agent.wait_applied(agent.poke(), 30)
+        assert lease_left_us(device) <= 0
+        await asyncio.sleep(1.0)  # halfway through the hold (2 MB at 1 MB/s)
+        forged = time.monotonic()
+        device.pipeline.write(p4r.Update(type=p4r.Update.MODIFY, entity=lease_entry(schema(), 1, LONG_LEASE_US)))
+        assert await agent.wait_applied(agent.poke(), 30)
+        assert agent.status.drift_corrections == 2 and "1 leases written" in agent.status.last_drift
+        assert lease_left_us(device) <= 0
+        while lease_left_us(device) <= 0:
+            assert time.monotonic() - forged < 15, "no lease after the hold"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - forged >= 2.0
+
+
+async def test_a_pass_that_failed_half_written_is_not_drift_to_the_next(db: str) -> None:
+    """A cap change written but never read back (read-backs fail), then changed back: the DPU holds the
+    change's meters, which neither the last confirmed intent nor the new one names. Ours, not drift: no hold."""
+    async with programmed_target(db, (8e6, 8e6, 10.0, 2_000_000)) as (device, plane, c):
+        agent = plane.service.agents["dpu-a"]
+        assert device.pipeline is not None
+        meter = device.pipeline.program.meters["LimiterIngress.boundary_meter"]
+        before, meters = meter.get_p4runtime_config(0), agent.intent_fn()[1].meters
+        read_back, reverted = agent._read_back, asyncio.Event()
+
+        async def failing(sw: Any, codec: Any) -> Any:
+            if not reverted.is_set():
+                raise DriftError("dpu-a: read-back lost")
+            return await read_back(sw, codec)
+
+        agent._read_back = failing  # type: ignore[method-assign]
+        await c.set_pod_cap("a", 16e6, 16e6, 10.0, 2_000_000)
+        while meter.get_p4runtime_config(0) == before:  # written, never read back
+            await asyncio.sleep(0.01)
+        await c.set_pod_cap("a", 8e6, 8e6, 10.0, 2_000_000)
+        while agent.intent_fn()[1].meters != meters:  # the share back where it was confirmed
+            await asyncio.sleep(0.01)
+        reverted.set()
+        assert await agent.wait_applied(agent.poke(), 30)
+        assert meter.get_p4runtime_config(0) == before
+        assert agent.status.drift_corrections == 0, agent.status.last_drift
+        assert lease_left_us(device) > 0
 
 
 async def test_another_program_with_the_same_tables_is_found_by_its_hash(db: str) -> None:

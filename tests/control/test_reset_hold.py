@@ -195,6 +195,30 @@ async def test_a_changed_window_does_not_forget_what_the_old_one_counted(db: str
     assert most_in_a_window(after, window) <= int(RATE_BPS / 8 * window) // len(OUT) + 1
 
 
+async def test_budgets_changed_during_a_window_changes_hold_do_not_hold_again(db: str) -> None:
+    """A move from rate mode into a window holds the lease for that window; budgets changed during the hold
+    (the window kept) change no slot's tag: the hold ends a window after the move, not after the last change
+    (a red team changed the budget every 2 s and the pod stayed at its floor)."""
+    device, server, port = await serve(running_s=86400)
+    crossed: list[float] = []
+    try:
+        async with window_capped(db, port, "rate") as c:
+            moved = time.monotonic()
+            await c.set_pod_cap("a", RATE_BPS, RATE_BPS, WINDOW_S, mode="window")
+            assert await c.wait_converged(timeout=30)
+            for k in (1, 2, 3):  # at 3, 6 and 9 s: each would have held until 12 s after it
+                await spend(device, crossed, moved + 3 * k)
+                rate = RATE_BPS * (2 if k % 2 else 1)
+                await c.set_pod_cap("a", rate, rate, WINDOW_S, mode="window")
+            since = len(crossed)
+            await spend(device, crossed, moved + 9 + WINDOW_S)
+    finally:
+        await server.stop(grace=0)
+    assert not crossed[:since], "metered traffic passed during the move's hold"
+    assert crossed[since:], "still held a window after the last budget change"
+    assert moved + WINDOW_S <= crossed[since] < moved + WINDOW_S + 5
+
+
 async def test_a_control_plane_restarted_during_a_window_changes_hold_keeps_holding(tmp_path: Path, db: str) -> None:
     """A fifth red team: the hold lived in the agent, and a control plane restarted on the same state file
     1 s into it resumed the lease at once (2,229,880 B in 12 s against 1,500,000). It is stored now."""

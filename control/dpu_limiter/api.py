@@ -23,6 +23,7 @@ from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, 
 from .service import FREEZE_EVERY, DpuState, LimiterService
 from .store import StateMismatch
 from .tls import role_of
+from .units import MAX_STATUS_WAIT_S
 
 T = TypeVar("T")
 LOG = logging.getLogger(__name__)
@@ -286,6 +287,17 @@ class LimiterApi(pb_grpc.LimiterServicer):
                 raise InvalidArgument("page_size", request.page_size, "must be 0 (every DPU) or more")
             if request.page_token:
                 check_name("page_token", request.page_token)
+            wait = request.wait_s
+            if not (math.isfinite(wait) and 0 <= wait <= MAX_STATUS_WAIT_S):
+                raise InvalidArgument("wait_s", wait, f"must be 0..{MAX_STATUS_WAIT_S:g} seconds")
+            if request.wait_generation and not wait:
+                raise InvalidArgument("wait_generation", request.wait_generation, "needs wait_s > 0")
+            if wait:
+                if request.wait_generation > self.service.state.generation:
+                    await self._fresh()  # the writer's generation, not read here yet
+                await self.service.wait_applied(request.wait_generation, wait)
+                # Made afresh: the shared answer may be from before the wait ended, at the same generation.
+                return (await self._status(request))[0]
             if request.page_size or request.page_token:
                 return (await self._status(request))[0]
             # The whole fleet's rows (20,000: 0.1 s of the loop) are made once for every caller that asks

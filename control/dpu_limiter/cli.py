@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import sqlite3
 import sys
 import time
@@ -33,6 +34,7 @@ from .units import (
     DEFAULT_LEASE_S,
     MAX_INSTALLS,
     MAX_RECONCILES,
+    MAX_STATUS_WAIT_S,
     PIPELINE_CHECK_S,
     REPLICA_LEASE_S,
     RESYNC_S,
@@ -227,6 +229,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     ap_delete.add_argument("names", nargs="*", help="names of that kind (a cap is named by its pod)")
     ap_delete.add_argument("--dry-run", action="store_true", help="check and show what would go, change nothing")
     ap_delete.add_argument("--ignore-not-found", action="store_true", help="skip names that do not exist")
+    for p in (ap_apply, ap_delete):
+        p.add_argument(
+            "--wait",
+            type=_wait_arg,
+            default=0.0,
+            metavar="SECONDS",
+            help="then wait until every DPU the server holds applied the write (exit 1 naming those that did "
+            f"not within SECONDS, 0..{MAX_STATUS_WAIT_S:g})",
+        )
     get = sub.add_parser("get", help="list pods, DPUs or caps")
     get.add_argument(
         "kind", choices=["pods", "dpus", "caps", "routers", "all"], help="all: a manifest apply -f takes back"
@@ -357,6 +368,19 @@ def _db_arg(value: str) -> Path | str:
     from .store import is_url
 
     return value if is_url(value) or value.startswith("sqlite:") else Path(value)
+
+
+def _wait_arg(value: str) -> float:
+    """`--wait`: seconds, 0..MAX_STATUS_WAIT_S."""
+    from .models import shown
+
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_STATUS_WAIT_S):
+        raise argparse.ArgumentTypeError(f"must be 0..{MAX_STATUS_WAIT_S:g} seconds (got {shown(value)})")
+    return seconds
 
 
 def _check_listen(flag: str, value: str) -> None:
@@ -503,7 +527,7 @@ async def _apply(c: LimiterClient, manifest: Manifest, args: argparse.Namespace)
         print(f"dpu-limiter: {args.file}: {exc.code().name}: {exc.details()}; nothing applied", file=sys.stderr)
         return 1
     display.print_changes(written, f"{args.file}{' (dry run)' if args.dry_run else ''}", args)
-    return 0
+    return await _waited(c, written.generation, args)
 
 
 async def _delete(c: LimiterClient, m: Manifest | None, args: argparse.Namespace) -> int:
@@ -536,6 +560,21 @@ async def _delete(c: LimiterClient, m: Manifest | None, args: argparse.Namespace
         print(f"dpu-limiter: {title}: {exc.code().name}: {exc.details()}; nothing deleted", file=sys.stderr)
         return 1
     display.print_changes(written, f"{title}{' (dry run)' if args.dry_run else ''}", args)
+    return await _waited(c, written.generation, args)
+
+
+async def _waited(c: LimiterClient, generation: int, args: argparse.Namespace) -> int:
+    """With --wait, wait until every DPU the server holds applied `generation` (a write's): 1, naming the DPUs
+    that lag, if they did not within --wait seconds."""
+    if not args.wait or args.dry_run:
+        return 0
+    try:
+        await c.wait_converged(args.wait, generation)
+    except TimeoutError as exc:
+        print(f"dpu-limiter: generation {generation}: {exc}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"every DPU applied generation {generation}")
     return 0
 
 

@@ -32,7 +32,7 @@ from .convert import (
 )
 from .models import Cap, Dpu, Pod, Router
 from .tls import TlsFiles
-from .units import GRPC_MESSAGE_OPTIONS
+from .units import GRPC_MESSAGE_OPTIONS, MAX_STATUS_WAIT_S
 
 Status: TypeAlias = pb.GetStatusResponse  # .generation; .dpus: DpuStatus (connected, converged, lease_state, ...)
 Usage: TypeAlias = pb.GetUsageResponse  # .usage: DirectionUsage rows (pod, direction, dpu, byte counters)
@@ -155,11 +155,26 @@ class LimiterClient:
         async for sample in self.stub.WatchUsage(request):
             yield sample
 
-    async def status(self, page_size: int = 0, page_token: str = "", held_here: bool = False) -> Status:
+    async def status(
+        self,
+        page_size: int = 0,
+        page_token: str = "",
+        held_here: bool = False,
+        *,
+        wait_s: float = 0.0,
+        wait_generation: int = 0,
+    ) -> Status:
         """Reconciliation status of every DPU (or of a page of them, in order of name: `page_size` rows
         after `page_token`, the answer's `next_page_token` where the next page starts; with `held_here`, of
-        the DPUs this replica holds only)."""
-        request = pb.GetStatusRequest(page_size=page_size, page_token=page_token, held_here=held_here)
+        the DPUs this replica holds only). With `wait_s`, answered once every DPU the server holds applied
+        `wait_generation` (0: its current one), or after `wait_s` seconds."""
+        request = pb.GetStatusRequest(
+            page_size=page_size,
+            page_token=page_token,
+            held_here=held_here,
+            wait_s=wait_s,
+            wait_generation=wait_generation,
+        )
         answer: Status = await self.stub.GetStatus(request)
         return answer
 
@@ -211,22 +226,25 @@ class LimiterClient:
         """Every router and the pods behind it."""
         return [router_from_pb(r) for r in (await self.stub.ListRouters(pb.ListRoutersRequest())).routers]
 
-    async def wait_converged(self, timeout: float = 30.0) -> Status:
-        """Poll until every DPU applied the current generation; raise TimeoutError naming the laggards.
+    async def wait_converged(self, timeout: float = 30.0, generation: int = 0, held_here: bool = False) -> Status:
+        """Wait until every DPU applied `generation` (a write's; 0: the server's current one) and say so in
+        its row; raise TimeoutError naming the laggards. The server answers once that holds (GetStatus's
+        wait_s): one call, not a poll, unless a row still lags then.
 
         With replicas (a PostgreSQL database), every DPU this replica holds: the others' rows say "elsewhere"
-        (wait on each replica for the whole fleet)."""
+        (wait on each replica for the whole fleet; `held_here` leaves their rows out of the answer)."""
         deadline = time.monotonic() + timeout
         while True:
-            st = await self.status()
+            left = min(max(deadline - time.monotonic(), 0.001), MAX_STATUS_WAIT_S)
+            st = await self.status(held_here=held_here, wait_s=left, wait_generation=generation)
+            gen = generation or st.generation
             lagging = [
-                d
-                for d in st.dpus
-                if d.lease_state != "elsewhere" and (not d.converged or d.generation_applied < st.generation)
+                d for d in st.dpus if d.lease_state != "elsewhere" and (not d.converged or d.generation_applied < gen)
             ]
             if not lagging:
                 return st
             if time.monotonic() > deadline:
-                detail = ", ".join(f"{d.name} (connected={d.connected}, error={d.last_error!r})" for d in lagging)
-                raise TimeoutError(f"DPUs not converged after {timeout:.0f} s: {detail}")
-            await asyncio.sleep(0.1)
+                detail = ", ".join(f"{d.name} (connected={d.connected}, error={d.last_error!r})" for d in lagging[:5])
+                more = f" and {len(lagging) - 5} more" if len(lagging) > 5 else ""
+                raise TimeoutError(f"{len(lagging)} DPUs not converged after {timeout:.0f} s: {detail}{more}")
+            await asyncio.sleep(0.1)  # the server's wait ended, a row lags all the same: ask again shortly

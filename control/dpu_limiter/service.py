@@ -61,6 +61,10 @@ QUIET_TURNS = 3  # turns of the event loop with nothing to do before the control
 START_BATCH = 64
 # Agents made or started between two freezes of the heap (see heap.freeze).
 FREEZE_EVERY = 1024
+# Fewer agents that opened connections together (a fleet of 1,000, or the last of a larger one's) are frozen
+# once they have made their objects: this long after the last of them was let go, if there are this many.
+FREEZE_SETTLE_S = 2.0
+FREEZE_MIN = 256
 STALE_TRIES = 5  # plans of one write against a state another replica changed meanwhile, before giving up
 PLAN_LOCK_WAIT_S = 10.0  # how long a write waits for another replica's plan and commit (the planning lock)
 
@@ -84,6 +88,7 @@ class LimiterService:
         self.slots = Slots(settings.concurrency)  # shared by every agent: how many DPUs are worked on at once
         self.slots.connects.on_let_go = self._connecting
         self._connected_since_freeze = 0
+        self._settle_freeze: asyncio.TimerHandle | None = None
         self.resync_s = settings.resync_s
         self.pipeline_check_s = settings.pipeline_check_s
         # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
@@ -120,6 +125,8 @@ class LimiterService:
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
+        # Set (and replaced) once a new state is held and its follow-up work set going: wait_applied's wake-up.
+        self._state_moved = asyncio.Event()
         # Agents made but not started yet: their connections are opened a few at a time, in the background.
         self._to_start: collections.deque[DpuAgent] = collections.deque()
         self._starter: asyncio.Task[None] | None = None
@@ -195,6 +202,8 @@ class LimiterService:
             task.cancel()
         if self._rebalancer is not None:
             self._rebalancer.cancel()
+        if self._settle_freeze is not None:
+            self._settle_freeze.cancel()
         if self._leaser is not None:
             self._leaser.cancel()
         await _stop([*self.agents.values(), *self.standbys.values()])
@@ -488,10 +497,25 @@ class LimiterService:
 
     def _connecting(self, agents: int) -> None:
         """`agents` more open their connections now (at a pace: pacing.py), each making objects that stay
-        while it is connected or trying: frozen every FREEZE_EVERY agents, as while they start."""
+        while it is connected or trying: frozen every FREEZE_EVERY agents, as while they start, and the rest of a
+        burst of at least FREEZE_MIN once FREEZE_SETTLE_S has passed since its last."""
         self._connected_since_freeze += agents
         # Not while the collector waits for a write's objects (heap.paused): that write freezes them all.
         if self._connected_since_freeze >= FREEZE_EVERY and gc.isenabled():
+            self._connected_since_freeze = 0
+            heap.freeze()
+        if self._connected_since_freeze >= FREEZE_MIN:
+            # The rest of a burst: a 1,000-DPU replica never reached FREEZE_EVERY, and every full collection
+            # during a cap change scanned its connections again (50-63 ms, one or two a change).
+            if self._settle_freeze is not None:
+                self._settle_freeze.cancel()
+            self._settle_freeze = asyncio.get_running_loop().call_later(FREEZE_SETTLE_S, self._freeze_connected)
+
+    def _freeze_connected(self) -> None:
+        """Freeze what a burst of connections made, once it has made it (unless a write pauses the collector:
+        that write freezes it all)."""
+        self._settle_freeze = None
+        if self._connected_since_freeze >= FREEZE_MIN and gc.isenabled():
             self._connected_since_freeze = 0
             heap.freeze()
 
@@ -977,6 +1001,7 @@ class LimiterService:
         self.state = new
         self._sorted = None
         await self._followed(changes, leaving, held)
+        self._moved()
         return True
 
     def _leaving(self, changes: list[Change]) -> tuple[list[DpuAgent], dict[str, Cap | None]]:
@@ -1011,6 +1036,13 @@ class LimiterService:
         st.generation = await asyncio.to_thread(self.store.commit, changes, actor, self.store.SHARED)
         self.state = st
         await self._followed(changes, leaving, held)
+        self._moved()
+
+    def _moved(self) -> None:
+        """Wake those waiting for a new state (set once its shares and agents are moving: before, a wait could
+        find every DPU holding the old intent and take it for the new one)."""
+        moved, self._state_moved = self._state_moved, asyncio.Event()
+        moved.set()
 
     async def _followed(self, changes: list[Change], leaving: list[DpuAgent], held: dict[str, Cap | None]) -> None:
         """What a stored write asks of the DPUs this replica holds (the write's own, or another replica's)."""
@@ -1169,9 +1201,24 @@ class LimiterService:
             )
         return out
 
-    async def wait_converged(self, timeout: float) -> bool:
-        """Wait until every DPU applied the current generation and every pod's shares."""
-        gen = self.state.generation
+    async def wait_applied(self, generation: int, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until this control plane holds `generation` or a later one (0: the current
+        one; with replicas, it comes as this one catches up with the store) and every DPU it holds applied it,
+        its pods' shares included."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while generation > self.state.generation:
+            moved = self._state_moved
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await moved.wait()
+            except TimeoutError:
+                return False
+        return await self.wait_converged(max(deadline - loop.time(), 0.0), generation)
+
+    async def wait_converged(self, timeout: float, generation: int = 0) -> bool:
+        """Wait until every DPU applied `generation` (0: the current one) and every pod's shares."""
+        gen = generation or self.state.generation
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             pods = dict.fromkeys([*self._reshare_due, *self._resharing])

@@ -47,6 +47,7 @@ MAX_CLOCK_DRIFT = 1e-4
 ECHO_TIMEOUT_S = 5.0  # how long an agent waits for its DPU's clock echo
 CPU_PORT = 510  # the limiter's CPU port (limiter.p4): PacketOuts enter, PacketIns leave there
 PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)
+MAX_STATUS_WAIT_S = 3600.0  # the longest GetStatus waits for a generation to be applied (wait_s)
 RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
 MAX_INSTALLS = 16  # pipelines pushed at once (each sends the whole device config, which the DPU loads)
 # Largest API message either way: a fleet's Apply (10,000 pods, 20,000 DPUs) and its answer are

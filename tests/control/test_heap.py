@@ -11,13 +11,18 @@ loopback, embedded P4Runtime targets in this process.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import time
 import weakref
+from pathlib import Path
 
 import pytest
 
-from dpu_limiter import heap
-from helpers.replica_fleet import holders, join, settled, settled_fleet, until
+from dpu_limiter import heap, service
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.server import ControlPlane
+from helpers.replica_fleet import fleet, holders, join, settled, settled_fleet, targets, until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -93,4 +98,34 @@ async def test_agents_a_replica_lets_go_of_are_collected_though_frozen(pg_url: s
             alive = {key for key, ref in agents.items() if ref() is not None}
             assert any(key not in alive for key in agents if key[1] in moved and key[0] != "r3")
         finally:
+            heap.thaw()
+
+
+async def test_agents_that_connected_together_are_frozen_once_connected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fewer than FREEZE_EVERY (a 1,000-DPU replica) were never frozen: every full collection during a cap change
+    # scanned their connections again (50-63 ms, once or twice a change, in bench/replica_scale.py's serve).
+    monkeypatch.setattr(service, "FREEZE_MIN", 8)  # 10 DPUs stand for a burst of FREEZE_MIN or more
+    monkeypatch.setattr(service, "FREEZE_SETTLE_S", 0.5)
+    async with targets(10) as ts:
+        plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0")
+        await plane.start()
+        try:
+            async with LimiterClient(plane.address) as c:
+                await fleet(c, [f"pod-{k}" for k in range(10)], ts)  # one write, fewer objects than a bulk one
+                await c.wait_converged(timeout=30)
+            made = [o for a in plane.service.agents.values() for o in (a, a.switch)]
+            assert len(made) == 20
+
+            def reachable() -> int:  # how many of them a collection still scans (frozen: not listed)
+                ids = {id(x) for x in gc.get_objects()}
+                return sum(id(o) in ids for o in made)
+
+            deadline = time.monotonic() + 15
+            while (left := reachable()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            assert not left, f"{left} of the agents and their switches are still in the collector's reach"
+        finally:
+            await plane.stop()
             heap.thaw()

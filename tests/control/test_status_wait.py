@@ -1,0 +1,133 @@
+"""GetStatus's wait (wait_s, wait_generation): one call that answers once a write is applied on every DPU the
+control plane holds, in place of polling the whole fleet's rows (which cost a 1,000-DPU replica a tenth of its
+loop while a cap change converged: bench/replica_scale.py).
+
+Real parts: control planes on loopback over both stores, embedded P4Runtime targets in this process, and
+for replicas a throwaway PostgreSQL cluster. Asserted: when the answer comes, the DPUs hold the write (read
+from the target itself, not from our status); a wait that cannot end answers at its time as things stand;
+bad values are refused naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dpu_limiter.client import LimiterClient
+from dpu_limiter.models import Cap
+from dpu_limiter.replicas import owner
+from dpu_softswitch.server import Device
+from helpers.planes import plane_with_pod, programmed_target, serve_in_process
+from helpers.processes import free_port
+from helpers.replica_fleet import settled_fleet
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def egress_cir(device: Device) -> int | None:
+    """The egress meter's committed rate (bytes/s) the target holds, read from the target itself."""
+    assert device.pipeline is not None
+    cfg = device.pipeline.program.meters["LimiterIngress.boundary_meter"].get_p4runtime_config(0)
+    return None if cfg is None else int(cfg[0])
+
+
+async def test_a_wait_answers_once_the_write_is_on_the_dpu(db: str) -> None:
+    async with programmed_target(db, (4e6, 4e6, 10.0, 50_000)) as (device, _plane, c):
+        for rate in (8e6, 2e6, 6e6):
+            written = await c.apply(caps={"a": Cap(rate, rate, 10.0, 50_000)})
+            st = await c.status(wait_s=30, wait_generation=written.generation)
+            # The target holds the new meter as the answer arrives: the wait did not end on the old intent.
+            assert egress_cir(device) == rate / 8 - 1000, (rate, egress_cir(device))  # less ARP's 1000 B/s
+            (row,) = st.dpus
+            assert row.converged and row.generation_applied >= written.generation, row
+            assert (await c.wait_converged(timeout=30, generation=written.generation)).dpus[0].converged
+
+
+async def test_a_wait_that_cannot_end_answers_at_its_time_as_things_stand(db: str) -> None:
+    async with plane_with_pod(db) as (_plane, c):
+        now = (await c.status()).generation
+        t0 = time.monotonic()
+        st = await c.status(wait_s=0.3, wait_generation=now + 5)  # no such generation yet
+        assert time.monotonic() - t0 >= 0.3 and st.generation == now
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "wait_generation", "field"),
+    [
+        (-1.0, 0, "wait_s"),
+        (math.nan, 0, "wait_s"),
+        (math.inf, 0, "wait_s"),
+        (3601.0, 0, "wait_s"),
+        (0.0, 3, "wait_generation"),
+    ],
+)
+async def test_a_wait_out_of_bounds_is_refused_naming_the_field(
+    tmp_path: object, wait_s: float, wait_generation: int, field: str
+) -> None:
+    async with plane_with_pod(f"{tmp_path}/state.db") as (_plane, c):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.status(wait_s=wait_s, wait_generation=wait_generation)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (err.value.details() or "").startswith(field), err.value.details()
+
+
+async def test_a_wait_on_another_replica_waits_for_the_writers_generation(pg_url: str) -> None:
+    ids = ["r1", "r2"]
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, dpus, pods):
+        (theirs,) = [p for p in pods if owner(p, ids) == "r2"]
+        target = dpus[f"dpu-{theirs}"]
+        async with LimiterClient(planes["r1"].address) as c1, LimiterClient(planes["r2"].address) as c2:
+            for rate in (4e6, 2e6):
+                written = await c1.apply(caps={theirs: Cap(rate, rate, 10.0, 50_000)})  # through r1; r2 holds it
+                st = await c2.status(held_here=True, wait_s=30, wait_generation=written.generation)
+                assert egress_cir(target.device) == rate / 8 - 1000, (rate, egress_cir(target.device))
+                assert st.generation >= written.generation
+                assert [d.name for d in st.dpus] == [f"dpu-{theirs}"] and st.dpus[0].converged, st.dpus
+
+
+async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`dpu-limiter ARGS` in a process of its own (the control plane it talks to runs in this one's loop)."""
+    command = [sys.executable, "-m", "dpu_limiter.cli", *args]
+    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=90)
+
+
+async def test_apply_wait_returns_once_the_dpus_hold_the_file_or_names_those_that_do_not(tmp_path: Path) -> None:
+    device, server, addr = await serve_in_process()
+    try:
+        async with plane_with_pod(tmp_path / "state.db") as (plane, _c):
+            fleet = tmp_path / "fleet.yaml"
+            dpu = (
+                f"{{name: dpu-a, p4runtime_address: '{addr}', device_id: 1, pod: a, role: pod-uplink, "
+                "host_port: 0, uplink_port: 1}"
+            )
+            for rate in ("8M", "2M"):
+                fleet.write_text(
+                    f"pods: [{{name: a, ipv4_prefixes: [10.0.1.0/24]}}]\ndpus: [{dpu}]\n"
+                    f"caps: [{{pod: a, egress: {rate}, ingress: {rate}, window_s: 10, burst_bytes: 50000}}]\n"
+                )
+                res = await cli("apply", "-f", str(fleet), "--wait", "60", "--server", plane.address)
+                assert res.returncode == 0, res.stderr
+                assert "every DPU applied generation" in res.stdout, res.stdout
+                assert egress_cir(device) == float(rate[:-1]) * 1e6 / 8 - 1000  # on the target as the command ends
+            # A DPU that cannot be reached: the write is stored, the wait ends at its time naming it.
+            dead = dpu.replace(addr, f"127.0.0.1:{free_port()}").replace("dpu-a", "dpu-dead")
+            fleet.write_text(f"pods: [{{name: a, ipv4_prefixes: [10.0.1.0/24]}}]\ndpus: [{dead}]\n")
+            res = await cli("apply", "-f", str(fleet), "--wait", "1", "--server", plane.address)
+            assert res.returncode == 1 and "dpu-dead" in res.stderr and "generation" in res.stderr, res.stderr
+            assert "dpu-dead" in plane.service.state.dpus
+    finally:
+        await server.stop(grace=0)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "3601", "soon"])
+async def test_apply_wait_out_of_bounds_is_refused_naming_the_flag(tmp_path: Path, value: str) -> None:
+    (tmp_path / "f.yaml").write_text("pods: [{name: a, ipv4_prefixes: [10.0.1.0/24]}]\n")
+    res = await cli("apply", "-f", str(tmp_path / "f.yaml"), "--wait", value, "--server", "127.0.0.1:1")
+    assert res.returncode == 2 and "--wait" in res.stderr and value in res.stderr, res.stderr

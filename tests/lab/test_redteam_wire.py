@@ -10,8 +10,9 @@ and flat out); and flat out against a cap in window mode, where a sender that ne
 window slides. In every window of every pod and direction no more crosses the boundary links than the cap allows
 (rate x window + bucket + one frame), as the boundary capture counts every frame there, whatever it holds.
 
-Expected failure: a node's host that turns its own offloads on writes GSO frames longer than its MTU, and the
-embedded target passes them to the boundary, longer than the largest frame the allowance and buffer_bytes assume.
+Also a node's host that turns its own offloads on and writes GSO frames longer than its MTU: no frame longer
+than units.MAX_FRAME_BYTES (the largest the allowance and buffer_bytes assume) crosses; the embedded target
+drops them as a NIC does frames over its largest (this was an expected failure until it did).
 
 The shapes are written by this test (raw sockets in the senders' namespaces, one sending process per host and
 phase), not as scenario flows: see frames.py.

@@ -51,14 +51,17 @@ LOG = logging.getLogger(__name__)
 
 LEASES_KEPT = 8  # lease generations whose issue time is remembered (renewals every lifetime / 3)
 # A large write's follow-up work is done this many objects (agents made, ~8 us each) at a time, yielding to
-# the event loop in between, so that reads and lease renewals are answered meanwhile.
-BATCH = 1024
+# the event loop in between, so that reads and lease renewals are answered meanwhile. These three batches are
+# small because a read waits for several turns of the loop, not one: during a 20,000-DPU Apply, a 1,000-row
+# GetStatus page took 0.10-0.22 s (9 runs of 10 over 0.1) with batches of 1,024, 64 and 64; 0.06-0.10 s with
+# 256, 16 and 16 (8 of 8 under), the Apply 1.38-1.67 s against 1.30-1.43 (bench/apply_scale.py, side by side).
+BATCH = 256
 # Share passes started per turn of the loop: each one's first step takes ~0.2 ms (its grants worked out).
-RESHARE_BATCH = 64
+RESHARE_BATCH = 16
 RECHECK_S = 1.0  # how often a wait for a silent DPU's old lease to end looks again
 QUIET_TURNS = 3  # turns of the event loop with nothing to do before the control plane is quiet
 # Agents started per turn (their switches made, ~60 us each); their connections open at a pace (pacing.py).
-START_BATCH = 64
+START_BATCH = 16
 # Agents made or started between two freezes of the heap (see heap.freeze).
 FREEZE_EVERY = 1024
 # Fewer agents that opened connections together (a fleet of 1,000, or the last of a larger one's) are frozen

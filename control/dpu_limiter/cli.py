@@ -573,6 +573,10 @@ async def _waited(c: LimiterClient, generation: int, args: argparse.Namespace) -
     except TimeoutError as exc:
         print(f"dpu-limiter: generation {generation}: {exc}", file=sys.stderr)
         return 1
+    except grpc.aio.AioRpcError as exc:  # the write itself is stored: say so
+        why = f"{exc.code().name}: {exc.details()}"
+        print(f"dpu-limiter: generation {generation} is stored; waiting for the DPUs failed: {why}", file=sys.stderr)
+        return 1
     if not args.json:
         print(f"every DPU applied generation {generation}")
     return 0

@@ -246,5 +246,5 @@ class LimiterClient:
             if time.monotonic() > deadline:
                 detail = ", ".join(f"{d.name} (connected={d.connected}, error={d.last_error!r})" for d in lagging[:5])
                 more = f" and {len(lagging) - 5} more" if len(lagging) > 5 else ""
-                raise TimeoutError(f"{len(lagging)} DPUs not converged after {timeout:.0f} s: {detail}{more}")
+                raise TimeoutError(f"{len(lagging)} DPUs not converged after {timeout:g} s: {detail}{more}")
             await asyncio.sleep(0.1)  # the server's wait ended, a row lags all the same: ask again shortly

@@ -37,7 +37,7 @@ class Pacer:
         self._counted_at: float | None = None  # the event loop's time the tokens were last counted
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._releaser: asyncio.Task[None] | None = None
-        self.on_let_go: Callable[[int], None] | None = None  # told how many callers went (at once, or a turn's)
+        self.on_let_go: Callable[[int], None] | None = None  # told how many waiters a turn let go
 
     def _refill(self, now: float) -> None:
         if self._counted_at is not None:
@@ -50,8 +50,6 @@ class Pacer:
         self._refill(loop.time())
         if not self._waiting and self._tokens >= 1:
             self._tokens -= 1
-            if self.on_let_go is not None:
-                self.on_let_go(1)
             return
         future: asyncio.Future[None] = loop.create_future()
         self._waiting.append(future)

@@ -92,6 +92,8 @@ class LimiterService:
         self.slots.connects.on_let_go = self._connecting
         self._connected_since_freeze = 0
         self._settle_freeze: asyncio.TimerHandle | None = None
+        self._started_since_freeze = 0  # agents started since a settled burst's freeze (_settle_after_burst)
+        self._stopping = False
         self.resync_s = settings.resync_s
         self.pipeline_check_s = settings.pipeline_check_s
         # Every DPU with a cap holds a lease of `lease_s`, renewed every third of it with a new
@@ -128,8 +130,10 @@ class LimiterService:
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
-        # Set (and replaced) once a new state is held and its follow-up work set going: wait_applied's wake-up.
+        # Set (and replaced) once a new state is held and its follow-up work set going: wait_applied's wake-up;
+        # and that state's generation (self.state's is set before its agents and shares are).
         self._state_moved = asyncio.Event()
+        self._moved_generation = self.state.generation
         # Agents made but not started yet: their connections are opened a few at a time, in the background.
         self._to_start: collections.deque[DpuAgent] = collections.deque()
         self._starter: asyncio.Task[None] | None = None
@@ -205,6 +209,7 @@ class LimiterService:
             task.cancel()
         if self._rebalancer is not None:
             self._rebalancer.cancel()
+        self._stopping = True  # (agents letting go as they stop set no freeze going)
         if self._settle_freeze is not None:
             self._settle_freeze.cancel()
         if self._leaser is not None:
@@ -492,34 +497,43 @@ class LimiterService:
                 if agent in (self.agents.get(name), self.standbys.get(name)):  # not gone (deleted, changed) meanwhile
                     agent.start()
                     started += 1
+                    self._started_since_freeze += 1
             await asyncio.sleep(0)
             if started >= FREEZE_EVERY or (started and not self._to_start and len(self.agents) >= FREEZE_EVERY):
                 await asyncio.sleep(0)  # the last batch's first steps have made their objects
                 heap.freeze()
                 started = 0
+        self._settle_after_burst()
 
     def _connecting(self, agents: int) -> None:
         """`agents` more open their connections now (at a pace: pacing.py), each making objects that stay
         while it is connected or trying: frozen every FREEZE_EVERY agents, as while they start, and the rest of a
-        burst of at least FREEZE_MIN once FREEZE_SETTLE_S has passed since its last."""
+        burst of at least FREEZE_MIN agents once FREEZE_SETTLE_S has passed since its last (_settle_after_burst)."""
         self._connected_since_freeze += agents
         # Not while the collector waits for a write's objects (heap.paused): that write freezes them all.
         if self._connected_since_freeze >= FREEZE_EVERY and gc.isenabled():
             self._connected_since_freeze = 0
             heap.freeze()
-        if self._connected_since_freeze >= FREEZE_MIN:
-            # The rest of a burst: a 1,000-DPU replica never reached FREEZE_EVERY, and every full collection
-            # during a cap change scanned its connections again (50-63 ms, one or two a change).
-            if self._settle_freeze is not None:
-                self._settle_freeze.cancel()
-            self._settle_freeze = asyncio.get_running_loop().call_later(FREEZE_SETTLE_S, self._freeze_connected)
+        self._settle_after_burst()
+
+    def _settle_after_burst(self) -> None:
+        """If at least FREEZE_MIN agents started since the heap was last frozen here, freeze it FREEZE_SETTLE_S
+        after the last of their connections was let go (each let-go puts it off): a 1,000-DPU replica never
+        reached FREEZE_EVERY, and every full collection during a cap change scanned its connections again
+        (50-63 ms, one or two a change). Connection retries of agents already started never count: frozen
+        each time, their garbage would pile up out of the collector's reach."""
+        if self._started_since_freeze < FREEZE_MIN or self._stopping:
+            return
+        if self._settle_freeze is not None:
+            self._settle_freeze.cancel()
+        self._settle_freeze = asyncio.get_running_loop().call_later(FREEZE_SETTLE_S, self._freeze_connected)
 
     def _freeze_connected(self) -> None:
-        """Freeze what a burst of connections made, once it has made it (unless a write pauses the collector:
-        that write freezes it all)."""
+        """Freeze what a burst of agents and their connections made, once made (unless a write pauses the
+        collector: that write freezes it all)."""
         self._settle_freeze = None
-        if self._connected_since_freeze >= FREEZE_MIN and gc.isenabled():
-            self._connected_since_freeze = 0
+        if self._started_since_freeze >= FREEZE_MIN and gc.isenabled():
+            self._started_since_freeze = self._connected_since_freeze = 0
             heap.freeze()
 
     def _indexed(self) -> tuple[dict[str, tuple[str, ...]], dict[str, list[str]]]:
@@ -618,12 +632,16 @@ class LimiterService:
         return True
 
     async def settle(self, pod: str) -> None:
-        """Wait until the pod's share change (if any) has been applied."""
-        while pod in self._reshare_due:  # not started yet
-            await asyncio.sleep(0.01)
-        task = self._resharing.get(pod)
-        if task is not None:
-            await asyncio.shield(task)
+        """Wait until the pod's share change (if any) has been applied: its newest pass has ended (one cancelled
+        because a newer one took over, or the pod deleted, is waited past, not raised to the waiter)."""
+        while True:
+            if pod in self._reshare_due:  # not started yet
+                await asyncio.sleep(0.01)
+                continue
+            task = self._resharing.get(pod)
+            if task is None or task.done():
+                return
+            await asyncio.wait([task])
 
     def resharing(self, pod: str) -> bool:
         """Whether a share change of `pod` is still being applied (or due to be)."""
@@ -1044,6 +1062,7 @@ class LimiterService:
     def _moved(self) -> None:
         """Wake those waiting for a new state (set once its shares and agents are moving: before, a wait could
         find every DPU holding the old intent and take it for the new one)."""
+        self._moved_generation = self.state.generation
         moved, self._state_moved = self._state_moved, asyncio.Event()
         moved.set()
 
@@ -1210,7 +1229,10 @@ class LimiterService:
         its pods' shares included."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while generation > self.state.generation:
+        generation = generation or self.state.generation
+        # Not self.state's generation: a write's follow-up work (agents made, shares due) may still be under way
+        # (floors, batches), and the DPUs would hold the old intent as the new one.
+        while generation > self._moved_generation:
             moved = self._state_moved
             try:
                 async with asyncio.timeout_at(deadline):
@@ -1222,17 +1244,23 @@ class LimiterService:
     async def wait_converged(self, timeout: float, generation: int = 0) -> bool:
         """Wait until every DPU applied `generation` (0: the current one) and every pod's shares."""
         gen = generation or self.state.generation
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            pods = dict.fromkeys([*self._reshare_due, *self._resharing])
-            await asyncio.wait_for(asyncio.gather(*(self.settle(p) for p in pods)), timeout)
+            async with asyncio.timeout_at(deadline):
+                pods = [p for p in [*self._reshare_due, *self._resharing] if self.resharing(p)]
+                for pod in dict.fromkeys(pods):
+                    await self.settle(pod)
         except TimeoutError:
             return False
-        # One DPU at a time: the total wait is the slowest DPU's, without a waiter per DPU.
+        # One DPU at a time: the total wait is the slowest DPU's, without a waiter per DPU. An agent stopped or
+        # replaced meanwhile (its DPU deleted, changed, moved to another replica) is waited for no longer.
         for a in list(self.agents.values()):
-            left = deadline - asyncio.get_running_loop().time()
-            if not a.holds(gen) and not await a.wait_converged(gen, max(left, 0.0)):
-                return False
+            while not a.holds(gen) and self.agents.get(a.dpu.name) is a:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                await a.wait_converged(gen, min(left, RECHECK_S))
         return True
 
     async def usage(self, pod: str = "", per_dpu: bool = False) -> list[DirectionUsage]:

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.models import Cap
+from dpu_limiter.models import Cap, Dpu, Role
 from dpu_limiter.replicas import owner
 from dpu_softswitch.server import Device
 from helpers.planes import plane_with_pod, programmed_target, serve_in_process
@@ -131,3 +131,52 @@ async def test_apply_wait_out_of_bounds_is_refused_naming_the_flag(tmp_path: Pat
     (tmp_path / "f.yaml").write_text("pods: [{name: a, ipv4_prefixes: [10.0.1.0/24]}]\n")
     res = await cli("apply", "-f", str(tmp_path / "f.yaml"), "--wait", value, "--server", "127.0.0.1:1")
     assert res.returncode == 2 and "--wait" in res.stderr and value in res.stderr, res.stderr
+
+
+async def test_a_wait_during_a_writes_follow_up_waits_for_the_write(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The state (and its generation) is set before the write's agents and shares are: a wait that came in
+    # between found every DPU holding the old intent and answered it as the new one (a review found it).
+    async with programmed_target(db, (4e6, 4e6, 10.0, 50_000)) as (device, plane, c):
+        svc = plane.service
+        follow = svc._followed
+
+        async def slow_followed(*args: object) -> None:
+            await asyncio.sleep(1.0)  # as a floor of a leaving DPU or a fleet's batches take the loop's turns
+            await follow(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(svc, "_followed", slow_followed)
+        write = asyncio.create_task(c.apply(caps={"a": Cap(8e6, 8e6, 10.0, 50_000)}))
+        while svc.state.caps["a"].egress_bps != 8e6:  # stored, its follow-up not under way yet
+            await asyncio.sleep(0.01)
+        st = await c.status(wait_s=30)  # the current generation: the write's
+        assert egress_cir(device) == 8e6 / 8 - 1000, egress_cir(device)
+        assert st.dpus[0].converged
+        await write
+
+
+async def test_a_wait_outlives_a_share_pass_replaced_under_it(tmp_path: Path) -> None:
+    # A pod's pass cancelled because a newer one took over (or the pod went) raised CancelledError into the
+    # waiting GetStatus, which then never answered (a review found it).
+    async with plane_with_pod(tmp_path / "state.db") as (plane, _c):
+        svc = plane.service
+        first = asyncio.create_task(asyncio.sleep(30))
+        svc._resharing["a"] = first
+        waiting = asyncio.create_task(svc.settle("a"))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        svc._resharing["a"] = asyncio.create_task(asyncio.sleep(0.2))  # the newer pass
+        await asyncio.wait_for(waiting, 5)  # ends with the newer pass, raising nothing
+        assert svc._resharing["a"].done()
+
+
+async def test_a_wait_does_not_outwait_a_dpu_deleted_under_it(tmp_path: Path) -> None:
+    # The agents were listed once: one stopped mid-wait (its DPU deleted, changed or moved to another replica)
+    # never converged again, and the wait ran to its end (up to an hour) before answering (a review found it).
+    async with plane_with_pod(tmp_path / "state.db") as (plane, c):
+        dead = f"127.0.0.1:{free_port()}"
+        await c.apply(dpus=[Dpu("dpu-dead", dead, 1, "a", Role.POD_UPLINK, 0, 1)])
+        t0 = time.monotonic()
+        waiting = asyncio.create_task(plane.service.wait_converged(20))
+        await asyncio.sleep(0.3)
+        await c.delete(dpus=["dpu-dead"])
+        assert await waiting and time.monotonic() - t0 < 10, time.monotonic() - t0

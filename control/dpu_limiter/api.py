@@ -19,7 +19,7 @@ from . import heap
 from ._proto.limiter.v1 import limiter_pb2 as pb
 from ._proto.limiter.v1 import limiter_pb2_grpc as pb_grpc
 from .convert import cap_from_pb, cap_to_pb, change_fields, dpu_from_pb, dpu_to_pb, pod_to_pb, router_to_pb
-from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, Router, check_name, shown
+from .models import AlreadyExists, Cap, Change, InvalidArgument, NotFound, Pod, Router, check_name, check_seconds, shown
 from .service import FREEZE_EVERY, DpuState, LimiterService
 from .store import StateMismatch
 from .tls import role_of
@@ -266,11 +266,10 @@ class LimiterApi(pb_grpc.LimiterServicer):
     ) -> AsyncIterator[pb.UsageSample]:
         """Usage samples every interval until the client cancels."""
         await self._actor(context, write=False)
-        interval = request.interval_s or 1.0
-        if not (math.isfinite(interval) and 0.1 <= interval <= 3600):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"interval_s: must be 0.1..3600 seconds (got {interval!r})"
-            )
+        try:
+            interval = check_seconds("interval_s", request.interval_s or 1.0, 0.1, 3600)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if request.pod and request.pod not in self.service.state.pods:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(NotFound("pod", request.pod, "no such pod")))
         while True:
@@ -287,9 +286,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
                 raise InvalidArgument("page_size", request.page_size, "must be 0 (every DPU) or more")
             if request.page_token:
                 check_name("page_token", request.page_token)
-            wait = request.wait_s
-            if not (math.isfinite(wait) and 0 <= wait <= MAX_STATUS_WAIT_S):
-                raise InvalidArgument("wait_s", wait, f"must be 0..{MAX_STATUS_WAIT_S:g} seconds")
+            wait = check_seconds("wait_s", request.wait_s, 0, MAX_STATUS_WAIT_S)
             if request.wait_generation and not wait:
                 raise InvalidArgument("wait_generation", request.wait_generation, "needs wait_s > 0")
             if wait:

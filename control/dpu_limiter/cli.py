@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import sqlite3
 import sys
 import time
@@ -372,15 +371,12 @@ def _db_arg(value: str) -> Path | str:
 
 def _wait_arg(value: str) -> float:
     """`--wait`: seconds, 0..MAX_STATUS_WAIT_S."""
-    from .models import shown
+    from .models import check_seconds, shown
 
     try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_STATUS_WAIT_S):
-        raise argparse.ArgumentTypeError(f"must be 0..{MAX_STATUS_WAIT_S:g} seconds (got {shown(value)})")
-    return seconds
+        return check_seconds("--wait", float(value), 0, MAX_STATUS_WAIT_S)
+    except ValueError:  # InvalidArgument too; the message names the text as typed
+        raise argparse.ArgumentTypeError(f"must be 0..{MAX_STATUS_WAIT_S:g} seconds (got {shown(value)})") from None
 
 
 def _check_listen(flag: str, value: str) -> None:

@@ -103,6 +103,13 @@ def check_name(field_name: str, value: str) -> str:
     return value
 
 
+def check_seconds(field_name: str, value: float, low: float, high: float) -> float:
+    """A duration in seconds, finite and within low..high."""
+    if not (isinstance(value, int | float) and math.isfinite(value) and low <= value <= high):
+        raise InvalidArgument(field_name, value, f"must be {low:g}..{high:g} seconds")
+    return float(value)
+
+
 MAC_RE = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
@@ -318,9 +325,7 @@ class Cap:
                 bps_to_bytes_per_s(rate, f"{field_prefix}.{fname}")
             except UnitError as exc:
                 raise InvalidArgument(f"{field_prefix}.{fname}", rate, str(exc)) from None
-        w = cap.window_s
-        if not isinstance(w, int | float) or not math.isfinite(w) or not MIN_WINDOW_S <= w <= MAX_WINDOW_S:
-            raise InvalidArgument(f"{field_prefix}.window_s", w, f"must be {MIN_WINDOW_S:g}..{MAX_WINDOW_S:g} seconds")
+        w = check_seconds(f"{field_prefix}.window_s", cap.window_s, MIN_WINDOW_S, MAX_WINDOW_S)
         burst = cap.burst_bytes or default_burst_bytes(max(cap.egress_bps, cap.ingress_bps))
         try:
             check_burst(burst, f"{field_prefix}.burst_bytes")

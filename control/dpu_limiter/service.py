@@ -43,7 +43,7 @@ from .models import (
 from .planning import dpu_layers, overlapping, planned_apply, planned_delete, pod_members, state_changes
 from .reconciler import DpuAgent, Slots, program_digest
 from .settings import Settings
-from .store import StateStale, Store
+from .store import Grant, GrowthHold, StateStale, Store
 from .usage import DirectionUsage, usage_row
 
 LOG = logging.getLogger(__name__)
@@ -167,8 +167,7 @@ class LimiterService:
         self._deleted_prefixes: dict[str, tuple[str, ...]] = {}
         # The same, stored for a control plane started after a crash: one transaction for all the pods
         # whose shares move at once (a fleet's cap change moves thousands).
-        self._holds = Batched(store.hold_growth)
-        self._saved_grants = Batched(store.save_grants)
+        self._saved = Batched(store.save_shares)
         self._releases = Batched(store.release_growth)
         # Window changes' lease holds (reconciler._on_window_change), stored as they start and given back
         # to the agents of a control plane started before they end (monotonic, by DPU).
@@ -663,10 +662,11 @@ class LimiterService:
             shrunk = [n for n in target if old[n] != step[n]]
             hold = None
             if shrunk:
-                # Stored before any DPU is told: a control plane started after a crash waits for it too.
+                # Stored with the grants, before any DPU is told: a control plane started after a crash waits
+                # for it too.
                 aging = max(_window_s(old[n]) for n in shrunk)
-                (hold,) = await self._holds([(pod, self.clock.time() + self.lease_s + aging)])
-            tickets = await self._grant(step)
+                hold = GrowthHold(pod, self.clock.time() + self.lease_s + aging)
+            tickets, hold_id = await self._grant(step, hold)
             # A window budget that shrank still holds what its DPU passed in the last window, which no
             # other DPU's budget sees: nobody grows into it before that has aged out, one window after
             # the shrink took effect (_aged: when its DPU confirms it, or its old lease ends), even if
@@ -685,11 +685,11 @@ class LimiterService:
                 LOG.warning("pod %s: growing shares in %.1f s (a lease to end, or a window to age)", pod, wait)
                 with self._parked():
                     await self.clock.sleep(wait)
-            if hold is not None:  # nothing that shrank can pass its old share any more
+            if hold_id is not None:  # nothing that shrank can pass its old share any more
                 # Forgotten in the background: the pass (and the pod's convergence) need not wait for a commit
                 # whose only effect, lost to a crash, is a successor waiting out a hold that has ended here.
-                self._store_soon(self._releases([hold]))
-            tickets = await self._grant(target)
+                self._store_soon(self._releases([hold_id]))
+            tickets, _ = await self._grant(target)
             with self._parked():
                 confirmed = await self._confirmed(tickets, step_timeout)
             if not confirmed:
@@ -724,21 +724,24 @@ class LimiterService:
         if until > self._grow_after.get(pod, 0.0):
             self._grow_after[pod] = until
 
-    async def _grant(self, grants: dict[str, Cap | None]) -> dict[str, int]:
-        """Grant shares (stored first) and poke their DPUs; returns tickets to wait on (none if nothing
-        changes)."""
-        changed = [(n, c) for n, c in grants.items() if self.shares.get(n) != c]
-        if not changed:
-            return {}
+    async def _grant(
+        self, grants: dict[str, Cap | None], hold: GrowthHold | None = None
+    ) -> tuple[dict[str, int], int | None]:
+        """Grant shares (stored first, with `hold` if given) and poke their DPUs; returns tickets to wait on
+        (none if nothing changes) and the hold's id."""
+        changed: list[Grant | GrowthHold] = [Grant(n, c) for n, c in grants.items() if self.shares.get(n) != c]
+        if not changed and hold is None:
+            return {}, None
         # Stored before any DPU is told: a control plane started after a crash resumes from these.
-        await self._saved_grants(changed)
+        stored = await self._saved([*changed, *([hold] if hold else [])])
+        hold_id = stored[-1] if hold else None
         grants = {n: c for n, c in grants.items() if n in self.agents}  # any deleted meanwhile are gone
         now = self.clock.monotonic()
         self._granted_at.update((n, now) for n, c in grants.items() if self.shares.get(n) != c)
         self.shares.update(grants)
         tickets = {n: self.agents[n].poke() for n in grants if n in self.agents}
         self._unconfirmed.update(tickets)
-        return tickets
+        return tickets, hold_id
 
     def _confirm(self, name: str, ticket: int) -> None:
         if self._unconfirmed.get(name) == ticket:
@@ -1018,7 +1021,7 @@ class LimiterService:
         changes = state_changes(self.state, new)
         leaving, held = self._leaving(changes)
         # The writer stored these holds for the DPUs it held; for ours it could not: stored now.
-        await self._holds(self._leaving_holds(leaving, held))
+        await self._saved(self._leaving_holds(leaving, held))
         self.state = new
         self._sorted = None
         await self._followed(changes, leaving, held)
@@ -1030,10 +1033,12 @@ class LimiterService:
         leaving = [self.agents[c.name] for c in changes if c.kind == "dpu" and c.name in self.agents]
         return leaving, {a.dpu.name: self.shares.get(a.dpu.name) for a in leaving}
 
-    def _leaving_holds(self, leaving: list[DpuAgent], held: dict[str, Cap | None]) -> list[tuple[str, float]]:
+    def _leaving_holds(self, leaving: list[DpuAgent], held: dict[str, Cap | None]) -> list[Grant | GrowthHold]:
         """Until when (wall clock) each leaving DPU's pod may not grow, if it could not be floored."""
         now = self.clock.time()
-        return [(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]]
+        return [
+            GrowthHold(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]
+        ]
 
     async def _commit(self, changes: list[Change], actor: str, st: DesiredState) -> None:
         """Store the changes (which make `st` of the current state), then set every agent and share they
@@ -1048,11 +1053,9 @@ class LimiterService:
         # its old share until its lease lapses, so its old pod's DPUs grow only after that. What it
         # passed within its last window stays in the pod's window, unseen by the others.
         leaving, held = self._leaving(changes)
-        # Stored before the change is: a control plane started after a crash waits as long as this one.
-        await asyncio.gather(
-            self._holds(self._leaving_holds(leaving, held)),
-            self._saved_grants([(c.name, None) for c in dpus]),  # a DPU made again starts from nothing
-        )
+        # Stored before the change is (one transaction): a control plane started after a crash waits as long as
+        # this one, and a DPU made again starts from nothing.
+        await self._saved([*self._leaving_holds(leaving, held), *(Grant(c.name, None) for c in dpus)])
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
         st.generation = await asyncio.to_thread(self.store.commit, changes, actor, self.store.SHARED)
         self.state = st

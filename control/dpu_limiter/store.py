@@ -22,6 +22,23 @@ from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
 from .replay import Db
 
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """A DPU's share of its pod's cap as granted (None: its floor)."""
+
+    dpu: str
+    share: Cap | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowthHold:
+    """No DPU of `pod` may grow before `until` (seconds since the epoch)."""
+
+    pod: str
+    until: float
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pods (name TEXT PRIMARY KEY, ipv4_prefixes TEXT NOT NULL);
@@ -452,12 +469,22 @@ class Store:
     # Not desired state and not audited: what a control plane started after a crash resumes from and
     # waits for, since it has nothing else of its predecessor's grants.
 
-    def hold_growth(self, holds: list[tuple[str, float]]) -> list[int]:
-        """Record, in one transaction, that each (pod, until) pod's DPUs may not grow before `until`
-        (seconds since the epoch); returns the holds' ids."""
+    def save_shares(self, writes: list[Grant | GrowthHold]) -> list[int | None]:
+        """Record grants and growth holds in one transaction (a later grant of a DPU replaces an earlier one);
+        returns each hold's id, None for a grant. A share pass that shrinks stores both before it tells any
+        DPU: one commit, not one each."""
+        grants = [(w.dpu, _share_json(w.share)) for w in writes if isinstance(w, Grant)]
         with self._writing() as cur:
+            if grants:
+                cur.executemany(
+                    "INSERT INTO grants(dpu, share) VALUES (?, ?) ON CONFLICT(dpu) DO UPDATE SET share=excluded.share",
+                    grants,
+                )
             sql = "INSERT INTO growth_holds(pod, until) VALUES (?, ?) RETURNING id"
-            return [int(cur.execute(sql, (pod, until)).fetchone()[0]) for pod, until in holds]
+            return [
+                int(cur.execute(sql, (w.pod, w.until)).fetchone()[0]) if isinstance(w, GrowthHold) else None
+                for w in writes
+            ]
 
     def hold_leases(self, holds: list[tuple[str, float]]) -> list[None]:
         """Record, in one transaction, that each (dpu, until) DPU may hold no lease before `until`
@@ -508,15 +535,6 @@ class Store:
         with self._writing() as cur:
             cur.executemany("DELETE FROM growth_holds WHERE id = ?", [(h,) for h in holds])
         return [None] * len(holds)
-
-    def save_grants(self, grants: list[tuple[str, Cap | None]]) -> list[None]:
-        """Record each DPU's share of its pod's cap as granted (None: its floor), in one transaction."""
-        rows = [(dpu, _share_json(c)) for dpu, c in grants]
-        with self._writing() as cur:
-            cur.executemany(
-                "INSERT INTO grants(dpu, share) VALUES (?, ?) ON CONFLICT(dpu) DO UPDATE SET share=excluded.share", rows
-            )
-        return [None] * len(grants)
 
     def load_grants(self) -> dict[str, Cap | None]:
         """Each DPU's share as last granted."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import resource
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -38,8 +37,10 @@ SHORT = 1000  # an error message (or the CLI's whole stderr) stays under this ma
 DATA_LIMIT = 1 << 30  # a child's data segment: a missing limit fails with MemoryError, not an OOM
 
 
-def _limit_data() -> None:
-    resource.setrlimit(resource.RLIMIT_DATA, (DATA_LIMIT, DATA_LIMIT))
+def _limited(command: list[str]) -> list[str]:
+    """`command` with its data segment capped, by prlimit(1): a Python preexec_fn forks this process, whose gRPC
+    (from earlier tests) then wrote an error of its own poller to the child's stderr now and then."""
+    return ["prlimit", f"--data={DATA_LIMIT}", *command]
 
 
 def bomb() -> str:
@@ -81,8 +82,8 @@ def refused_in_child(path: Path, loader: str) -> str:
         "if sys.argv[2] == 'python':\n    yamlfile.CLoader = None\n"
         "try:\n    load_manifest(Path(sys.argv[1]))\nexcept ManifestError as e:\n    print(e)\n"
     )
-    command = [sys.executable, "-c", code, str(path), loader]
-    res = subprocess.run(command, capture_output=True, text=True, timeout=30, preexec_fn=_limit_data)
+    command = _limited([sys.executable, "-c", code, str(path), loader])
+    res = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and not res.stderr, res.stderr[-SHORT:]
     msg = res.stdout.strip()
     assert msg.startswith(f"{path}:") and len(msg) < SHORT, msg[:SHORT]
@@ -208,8 +209,8 @@ def test_a_directory_or_a_missing_file_is_named(tmp_path: Path) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`dpu-limiter ARGS` with a capped data segment, so a loader that blows up fails instead of eating RAM."""
-    command = [sys.executable, "-m", "dpu_limiter.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, preexec_fn=_limit_data)
+    command = _limited([sys.executable, "-m", "dpu_limiter.cli", *args])
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
 def stored(server: str) -> dict[str, object]:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from dpu_limiter.models import Cap, Dpu, InvalidArgument, Pod, Role, check_address
+from dpu_limiter.store import Grant, GrowthHold
 from dpu_limiter.stores import open_store
 
 
@@ -113,16 +114,22 @@ def test_a_state_file_from_before_new_columns_opens_with_their_defaults(tmp_path
     assert st.caps["a"] == Cap(2e7, 2e7, 10.0, 100_000, rebalance=False, mode="rate")
 
 
-def test_grants_and_holds_are_written_in_one_transaction_each(tmp_path: Path) -> None:
+def test_grants_and_holds_are_written_in_one_transaction(tmp_path: Path) -> None:
     # The connection autocommits: an executemany outside a transaction would commit (and fsync) each row,
     # which made a fleet's write of 20,000 grants take seconds.
     store = open_store(tmp_path / "state.db")
     statements: list[str] = []
     store._db.set_trace_callback(statements.append)
-    store.save_grants([(f"dpu-{i}", Cap(1e6, 1e6, 1.0) if i % 2 else None) for i in range(500)])
-    ids = store.hold_growth([(f"pod-{i}", 1e12) for i in range(50)])
+    stored = store.save_shares(
+        [
+            *(Grant(f"dpu-{i}", Cap(1e6, 1e6, 1.0) if i % 2 else None) for i in range(500)),
+            *(GrowthHold(f"pod-{i}", 1e12) for i in range(50)),
+        ]
+    )
+    ids = [i for i in stored if i is not None]
+    assert stored[:500] == [None] * 500 and len(set(ids)) == 50
     store.release_growth(ids[:25])
     store._db.set_trace_callback(None)
-    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"] * 3
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"] * 2
     assert len(store.load_grants()) == 500 and len(store.growth_holds(0.0)) == 25
     store.close()

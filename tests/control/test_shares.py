@@ -17,6 +17,7 @@ from dpu_limiter.models import Cap
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from dpu_limiter.shares import lesser, split, total
+from dpu_limiter.store import Grant, GrowthHold
 from dpu_softswitch.server import Device
 from helpers.paths import ROOT
 from helpers.planes import node_pod, register, serve_in_process
@@ -98,6 +99,45 @@ async def test_shrink_before_grow_and_a_dead_node_blocks_growth(db: str, node: b
         for _, server, _ in served:
             await server.stop(grace=0)
     assert samples and max(samples) <= cap + 1e-6
+
+
+async def test_a_shrinking_pass_stores_its_hold_with_its_grants_before_telling_any_dpu(db: str) -> None:
+    # One commit before the DPUs are poked, not two in a row (the hold, then the grants): on PostgreSQL each
+    # was a round trip and an fsync that every DPU of a shrinking pod waited for.
+    served = [await serve_in_process() for _ in range(2)]
+    plane = ControlPlane(db, "127.0.0.1:0")
+    await plane.start()
+    events: list[tuple[str, object]] = []
+    try:
+        async with LimiterClient(plane.address) as c:
+            await node_pod(c, [addr for _, _, addr in served], "n")
+            await c.set_pod_cap("a", 30e6, 30e6, 10.0, 300_000)
+            await c.wait_converged(timeout=30)
+            svc = plane.service
+            save = svc._saved.fn  # the store's save_shares, called with whatever was asked meanwhile
+
+            def saved(writes: list[Grant | GrowthHold]) -> list[int | None]:
+                events.append(("stored", list(writes)))
+                return save(writes)
+
+            svc._saved.fn = saved
+            for name, agent in svc.agents.items():
+                poke = agent.poke
+                agent.poke = lambda name=name, poke=poke: (events.append(("poked", name)), poke())[1]  # type: ignore[method-assign]
+            await c.set_pod_cap("a", 20e6, 20e6, 10.0, 300_000)  # 15 -> 10 Mbit/s each
+            await c.wait_converged(timeout=30)
+    finally:
+        await plane.stop()
+        for _, server, _ in served:
+            await server.stop(grace=0)
+    stores = [w for kind, w in events if kind == "stored"]
+    assert stores, events
+    first = stores[0]
+    assert isinstance(first, list)
+    assert {type(w) for w in first} == {Grant, GrowthHold}, first
+    assert {w.dpu for w in first if isinstance(w, Grant)} == {"n0", "n1"}
+    assert [w.pod for w in first if isinstance(w, GrowthHold)] == ["a"]
+    assert events.index(("stored", first)) < min(events.index(("poked", n)) for n in ("n0", "n1"))
 
 
 def test_node_placement_in_virtual_time(tmp_path: Path) -> None:

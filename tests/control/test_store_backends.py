@@ -15,7 +15,7 @@ import pytest
 
 from dpu_limiter.audit import verify
 from dpu_limiter.models import Cap, Change, Dpu, Pod
-from dpu_limiter.store import StateInUse, StateMismatch, Store, is_url
+from dpu_limiter.store import Grant, GrowthHold, StateInUse, StateMismatch, Store, is_url
 from dpu_limiter.stores import open_store, read_audit, verify_file
 from helpers.processes import cli
 from helpers.stores import behind
@@ -56,11 +56,17 @@ def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
 
 def test_grants_and_holds(db: str) -> None:
     s = open_store(db)
-    s.save_grants([("d1", Cap(1e6, 1e6, 1.0)), ("d2", None)])
-    s.save_grants([("d1", Cap(2e6, 2e6, 1.0))])  # replaced, not added
+    assert s.save_shares([Grant("d1", Cap(1e6, 1e6, 1.0)), Grant("d2", None)]) == [None, None]
+    s.save_shares([Grant("d1", Cap(2e6, 2e6, 1.0))])  # replaced, not added
     assert s.load_grants() == {"d1": Cap(2e6, 2e6, 1.0), "d2": None}
-    ids = s.hold_growth([("a", 100.0), ("a", 300.0), ("b", 50.0)])
-    assert len(set(ids)) == 3
+    stored = s.save_shares([GrowthHold("a", 100.0), Grant("d2", Cap(3e6, 3e6, 1.0)), GrowthHold("a", 300.0)])
+    stored += s.save_shares([GrowthHold("b", 50.0)])
+    ids = [i for i in stored if i is not None]
+    assert stored[1] is None and len(set(ids)) == 3
+    assert s.load_grants() == {"d1": Cap(2e6, 2e6, 1.0), "d2": Cap(3e6, 3e6, 1.0)}
+    # A later grant of a DPU in the same transaction stands.
+    s.save_shares([Grant("d1", None), Grant("d1", Cap(4e6, 4e6, 1.0))])
+    assert s.load_grants()["d1"] == Cap(4e6, 4e6, 1.0)
     assert s.growth_holds(60.0) == {"a": 300.0}  # b's is over (and forgotten)
     s.release_growth(ids[1:2])
     assert s.growth_holds(60.0) == {"a": 100.0}

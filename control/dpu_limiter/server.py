@@ -17,7 +17,7 @@ from .settings import Settings
 from .store import StateMismatch
 from .stores import open_store
 from .tls import TlsFiles
-from .units import GRPC_MESSAGE_OPTIONS
+from .units import API_KEEPALIVE_S, GRPC_MESSAGE_OPTIONS, KEEPALIVE_TIMEOUT_S
 
 LOG = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class ControlPlane:
         metrics_listen: str | None = None,
         metrics_interval_s: float = 5.0,
         tls: TlsFiles | None = None,
+        keepalive_s: float = API_KEEPALIVE_S,  # 0: no pings
     ) -> None:
         self.store = open_store(db_path, exclusive=True)
         # The tables are what the audit log says, or nothing is served from them: a row edited behind
@@ -48,7 +49,15 @@ class ControlPlane:
         self.service = LimiterService(self.store, settings)
         # No SO_REUSEPORT (gRPC's default): a second control plane on a taken port must fail, not
         # share the port and answer every other request from its own state.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *GRPC_MESSAGE_OPTIONS])
+        keepalive = [
+            ("grpc.keepalive_time_ms", round(keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", round(KEEPALIVE_TIMEOUT_S * 1000)),
+            ("grpc.keepalive_permit_without_calls", 0),  # an idle connection is not pinged
+            ("grpc.http2.max_pings_without_data", 0),  # gRPC stops after 2 pings with no data between, by default
+        ]
+        self.server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), *GRPC_MESSAGE_OPTIONS, *(keepalive if keepalive_s > 0 else [])]
+        )
         api.add_to_server(self.server, self.service, mtls=tls is not None)
         try:
             if tls is None:

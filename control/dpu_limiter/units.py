@@ -48,6 +48,11 @@ ECHO_TIMEOUT_S = 5.0  # how long an agent waits for its DPU's clock echo
 CPU_PORT = 510  # the limiter's CPU port (limiter.p4): PacketOuts enter, PacketIns leave there
 PIPELINE_CHECK_S = 60.0  # seconds between checks of each DPU's pipeline (hash of P4Info and program)
 MAX_STATUS_WAIT_S = 3600.0  # the longest GetStatus waits for a generation to be applied (wait_s)
+# While a call is open (a GetStatus wait sends nothing for up to an hour), the API server pings its client this
+# often: a proxy or NAT that drops idle connections keeps it, and a client gone without a word is found (its
+# wait ends) after one more KEEPALIVE_TIMEOUT_S.
+API_KEEPALIVE_S = 30.0
+KEEPALIVE_TIMEOUT_S = 20.0
 RESYNC_S = 5.0  # seconds between read-backs of each DPU against desired state (drift correction)
 MAX_INSTALLS = 16  # pipelines pushed at once (each sends the whole device config, which the DPU loads)
 # Largest API message either way: a fleet's Apply (10,000 pods, 20,000 DPUs) and its answer are

@@ -23,6 +23,7 @@ import pytest
 from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import Cap, Dpu, Role
 from dpu_limiter.replicas import owner
+from dpu_limiter.server import ControlPlane
 from dpu_softswitch.server import Device
 from helpers.planes import plane_with_pod, programmed_target, serve_in_process
 from helpers.processes import free_port
@@ -180,3 +181,79 @@ async def test_a_wait_does_not_outwait_a_dpu_deleted_under_it(tmp_path: Path) ->
         await asyncio.sleep(0.3)
         await c.delete(dpus=["dpu-dead"])
         assert await waiting and time.monotonic() - t0 < 10, time.monotonic() - t0
+
+
+class IdleCutter:
+    """A TCP relay on loopback that drops a connection once no byte crossed it either way for `idle_s`, as
+    proxies and NAT tables do."""
+
+    def __init__(self, upstream_port: int, idle_s: float) -> None:
+        self.upstream_port, self.idle_s = upstream_port, idle_s
+        self.cut = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        """Listen; returns the port."""
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening and drop every connection."""
+        self.server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def _relay(self, down_r: asyncio.StreamReader, down_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            nonlocal last
+            while data := await r.read(65536):
+                last = loop.time()
+                w.write(data)
+                await w.drain()
+
+        pumps = [asyncio.create_task(pump(down_r, up_w)), asyncio.create_task(pump(up_r, down_w))]
+        try:
+            while not any(p.done() for p in pumps):
+                await asyncio.sleep(0.05)
+                if loop.time() - last > self.idle_s:
+                    self.cut += 1
+                    break
+        finally:
+            for p in pumps:
+                p.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for w in (down_w, up_w):
+                w.transport.abort()
+            self._tasks.discard(task)
+
+
+@pytest.mark.parametrize("keepalive_s", [0.3, 0.0], ids=["pinged", "not-pinged"])
+async def test_a_long_wait_outlives_a_proxy_that_drops_idle_connections(tmp_path: Path, keepalive_s: float) -> None:
+    # A wait sends nothing until it answers: without the server's pings, a relay with a 1 s idle timeout drops
+    # the call (UNAVAILABLE); with them, it answers at its time.
+    plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", keepalive_s=keepalive_s)
+    await plane.start()
+    cutter = IdleCutter(plane.port, idle_s=1.0)
+    port = await cutter.start()
+    try:
+        async with LimiterClient(f"127.0.0.1:{port}") as c:
+            now = (await c.status()).generation
+            if keepalive_s:
+                st = await c.status(wait_s=3.0, wait_generation=now + 1)
+                assert st.generation == now and cutter.cut == 0
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await c.status(wait_s=3.0, wait_generation=now + 1)
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE and cutter.cut == 1
+    finally:
+        await cutter.stop()
+        await plane.stop()

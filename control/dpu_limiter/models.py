@@ -105,7 +105,11 @@ def check_name(field_name: str, value: str) -> str:
 
 def check_seconds(field_name: str, value: float, low: float, high: float) -> float:
     """A duration in seconds, finite and within low..high."""
-    if not (isinstance(value, int | float) and math.isfinite(value) and low <= value <= high):
+    try:
+        ok = isinstance(value, int | float) and math.isfinite(value) and low <= value <= high
+    except OverflowError:  # an int past a float's range
+        ok = False
+    if not ok:
         raise InvalidArgument(field_name, value, f"must be {low:g}..{high:g} seconds")
     return float(value)
 

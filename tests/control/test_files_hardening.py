@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -40,6 +41,8 @@ DATA_LIMIT = 1 << 30  # a child's data segment: a missing limit fails with Memor
 def _limited(command: list[str]) -> list[str]:
     """`command` with its data segment capped, by prlimit(1): a Python preexec_fn forks this process, whose gRPC
     (from earlier tests) then wrote an error of its own poller to the child's stderr now and then."""
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed: it caps the child's memory")
     return ["prlimit", f"--data={DATA_LIMIT}", *command]
 
 

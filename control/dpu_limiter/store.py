@@ -22,6 +22,8 @@ from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
 from .replay import Db
 
+HOLDS_PER_STATEMENT = 500  # growth holds stored by one INSERT (1,000 parameters)
+
 
 @dataclasses.dataclass(frozen=True)
 class Grant:
@@ -480,11 +482,18 @@ class Store:
                     "INSERT INTO grants(dpu, share) VALUES (?, ?) ON CONFLICT(dpu) DO UPDATE SET share=excluded.share",
                     grants,
                 )
-            sql = "INSERT INTO growth_holds(pod, until) VALUES (?, ?) RETURNING id"
-            return [
-                int(cur.execute(sql, (w.pod, w.until)).fetchone()[0]) if isinstance(w, GrowthHold) else None
-                for w in writes
-            ]
+            # Holds in statements of HOLDS_PER_STATEMENT rows, not a round trip each (a fleet's shrink stores one
+            # per pod). RETURNING gives no order: each id goes back to a hold of its values (two holds alike are
+            # alike to release too).
+            holds = [w for w in writes if isinstance(w, GrowthHold)]
+            ids: dict[tuple[str, float], list[int]] = {}
+            for at in range(0, len(holds), HOLDS_PER_STATEMENT):
+                chunk = holds[at : at + HOLDS_PER_STATEMENT]
+                rows = ", ".join(["(?, ?)"] * len(chunk))
+                sql = f"INSERT INTO growth_holds(pod, until) VALUES {rows} RETURNING id, pod, until"
+                for hold_id, pod, until in cur.execute(sql, [v for h in chunk for v in (h.pod, h.until)]).fetchall():
+                    ids.setdefault((pod, until), []).append(int(hold_id))
+            return [ids[(w.pod, w.until)].pop() if isinstance(w, GrowthHold) else None for w in writes]
 
     def hold_leases(self, holds: list[tuple[str, float]]) -> list[None]:
         """Record, in one transaction, that each (dpu, until) DPU may hold no lease before `until`

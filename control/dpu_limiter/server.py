@@ -53,7 +53,7 @@ class ControlPlane:
             ("grpc.keepalive_time_ms", round(keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", round(KEEPALIVE_TIMEOUT_S * 1000)),
             ("grpc.keepalive_permit_without_calls", 0),  # an idle connection is not pinged
-            ("grpc.http2.max_pings_without_data", 0),  # gRPC stops after 2 pings with no data between, by default
+            ("grpc.http2.max_pings_without_data", 0),  # no limit on pings with no data between (clients' is 2)
         ]
         self.server = grpc.aio.server(
             options=[("grpc.so_reuseport", 0), *GRPC_MESSAGE_OPTIONS, *(keepalive if keepalive_s > 0 else [])]

@@ -22,7 +22,7 @@ from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
 from .replay import Db
 
-HOLDS_PER_STATEMENT = 500  # growth holds stored by one INSERT (1,000 parameters)
+HOLDS_PER_STATEMENT = 499  # growth holds stored by one INSERT (998 parameters: within SQLite's oldest limit, 999)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -181,6 +181,9 @@ def _connect(url: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(url, autocommit=True)
         # Acknowledged means durable, whatever the server's or role's default says.
         conn.execute("SET synchronous_commit = on")
+        # Floats read back exactly as written (PostgreSQL before 12, or a role set to 0, prints 15 digits): a
+        # hold's id is found again by its values (Store.save_shares).
+        conn.execute("SET extra_float_digits = 3")
     return conn
 
 

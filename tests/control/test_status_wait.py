@@ -236,23 +236,23 @@ class IdleCutter:
             self._tasks.discard(task)
 
 
-@pytest.mark.parametrize("keepalive_s", [0.3, 0.0], ids=["pinged", "not-pinged"])
+@pytest.mark.parametrize("keepalive_s", [0.2, 0.0], ids=["pinged", "not-pinged"])
 async def test_a_long_wait_outlives_a_proxy_that_drops_idle_connections(tmp_path: Path, keepalive_s: float) -> None:
-    # A wait sends nothing until it answers: without the server's pings, a relay with a 1 s idle timeout drops
+    # A wait sends nothing until it answers: without the server's pings, a relay with a 2 s idle timeout drops
     # the call (UNAVAILABLE); with them, it answers at its time.
     plane = ControlPlane(tmp_path / "state.db", "127.0.0.1:0", keepalive_s=keepalive_s)
     await plane.start()
-    cutter = IdleCutter(plane.port, idle_s=1.0)
+    cutter = IdleCutter(plane.port, idle_s=2.0)
     port = await cutter.start()
     try:
         async with LimiterClient(f"127.0.0.1:{port}") as c:
             now = (await c.status()).generation
             if keepalive_s:
-                st = await c.status(wait_s=3.0, wait_generation=now + 1)
+                st = await c.status(wait_s=5.0, wait_generation=now + 1)
                 assert st.generation == now and cutter.cut == 0
             else:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await c.status(wait_s=3.0, wait_generation=now + 1)
+                    await c.status(wait_s=5.0, wait_generation=now + 1)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE and cutter.cut == 1
     finally:
         await cutter.stop()

@@ -55,14 +55,16 @@ def test_the_schema_is_versioned_and_a_newer_one_refused(db: str) -> None:
 
 
 def test_holds_stored_in_bulk_each_get_the_id_of_their_own_row(db: str) -> None:
-    # 1,201 holds (over three statements), most alike another: each id names a row of its hold's pod and time.
+    # 1,201 holds (over three statements), most alike another, at times of 17 significant digits as the clock
+    # gives them: each id names a row of its hold's pod and time.
     s = open_store(db)
-    holds = [GrowthHold(f"p{i % 7}", 100.0 + i % 3) for i in range(1201)]
+    times = [time.time() + 30 + k / 7 for k in range(3)]
+    holds = [GrowthHold(f"p{i % 7}", times[i % 3]) for i in range(1201)]
     stored = s.save_shares([Grant("d1", None), *holds])
     ids = stored[1:]
     assert stored[0] is None and None not in ids and len(set(ids)) == len(holds)
-    s.release_growth([i for h, i in zip(holds, ids, strict=True) if h.pod == "p0" or h.until == 102.0])
-    assert s.growth_holds(0.0) == {f"p{k}": 101.0 for k in range(1, 7)}
+    s.release_growth([i for h, i in zip(holds, ids, strict=True) if h.pod == "p0" or h.until == times[2]])
+    assert s.growth_holds(0.0) == {f"p{k}": times[1] for k in range(1, 7)}
     s.close()
 
 

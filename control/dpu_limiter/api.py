@@ -300,7 +300,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
             # The whole fleet's rows (20,000: 0.1 s of the loop) are made once for every caller that asks
             # while they are fresh, so that polling them often cannot take the loop from leases and other calls.
             svc = self.service
-            key = (svc.state.generation, svc.store.head, svc.expected_pipeline_sha256, request.held_here)
+            key = (svc.state.generation, svc.state_head, svc.expected_pipeline_sha256, request.held_here)
             return await self._whole_status.get(key, lambda: self._status(request))
 
         return await self._call(context, run, write=False)
@@ -308,7 +308,7 @@ class LimiterApi(pb_grpc.LimiterServicer):
     async def _status(self, request: pb.GetStatusRequest) -> tuple[bytes, float]:
         """GetStatus's answer to a valid `request` (wire bytes), and the seconds of the loop it took to make."""
         t0 = time.perf_counter()
-        head = self.service.store.head
+        head = self.service.state_head
         out = pb.GetStatusResponse(
             generation=self.service.state.generation,
             expected_pipeline_sha256=self.service.expected_pipeline_sha256,

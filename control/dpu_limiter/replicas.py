@@ -282,7 +282,7 @@ class Replicas:
             await self._wake.wait()
             self._wake.clear()
             try:
-                if self._head != self.service.store.head:
+                if self._head != self.service.state_head:
                     await self.service.catch_up()
                 if self._rejoin or sorted(self.live) != held:
                     if self.fenced and not self._rejoin:

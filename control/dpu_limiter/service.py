@@ -112,6 +112,9 @@ class LimiterService:
         self.expected_pipeline_sha256 = program_digest(self.program)  # what every DPU should say it runs
         self.election_id = settings.election_id
         self.state: DesiredState = store.load()
+        # The change log's head that `state` was read or written at. The store's own head runs ahead of it
+        # while a catch-up is between reading the state and holding it: a read compares this one.
+        self.state_head: tuple[int, str] = store.head
         # Replicas (replicas.py) set which pods this control plane holds (alone: every pod), and which replica
         # holds a pod it does not ("" here), for status and usage.
         self.owns: Callable[[str], bool] = lambda pod: True
@@ -969,7 +972,7 @@ class LimiterService:
         replica wrote between the plan and the commit (StateStale), so every replica checks alike."""
         async with self._lock, self._planning(not dry_run):
             for attempt in itertools.count(1):
-                if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.store.head:
+                if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.state_head:
                     await self._catch_up()
                 changes, st = await asyncio.to_thread(plan)
                 if dry_run:
@@ -1003,8 +1006,8 @@ class LimiterService:
 
     async def refresh(self) -> None:
         """With replicas: take what the others wrote if the change log moved (a read then answers the latest)."""
-        if self.store.SHARED and await asyncio.to_thread(self.read_head) != self.store.head:
-            await self.catch_up()
+        if self.store.SHARED and await asyncio.to_thread(self.read_head) != self.state_head:
+            await self.catch_up()  # (waits for one under way: the state it holds may be older than its head)
 
     async def catch_up(self) -> bool:
         """Take what other replicas wrote (replicas.py, when the change log's head moved); whether it had."""
@@ -1014,19 +1017,22 @@ class LimiterService:
     async def _catch_up(self) -> bool:
         """Read the state again and do for the DPUs this replica holds what its writer would have (under
         self._lock): floor those leaving, start new ones, reshare the pods touched."""
-        head = self.store.head
-        new = await asyncio.to_thread(self.store.load)
-        if self.store.head == head:
+        new, head = await asyncio.to_thread(self._load)
+        if head == self.state_head:
             return False
         changes = state_changes(self.state, new)
         leaving, held = self._leaving(changes)
         # The writer stored these holds for the DPUs it held; for ours it could not: stored now.
         await self._saved(self._leaving_holds(leaving, held))
-        self.state = new
+        self.state, self.state_head = new, head
         self._sorted = None
         await self._followed(changes, leaving, held)
         self._moved()
         return True
+
+    def _load(self) -> tuple[DesiredState, tuple[int, str]]:
+        """The stored state and the change log's head it was read at (in a worker thread)."""
+        return self.store.load(), self.store.head
 
     def _leaving(self, changes: list[Change]) -> tuple[list[DpuAgent], dict[str, Cap | None]]:
         """The agents of DPUs that the changes delete or change (they get new agents), and their shares."""
@@ -1058,7 +1064,7 @@ class LimiterService:
         await self._saved([*self._leaving_holds(leaving, held), *(Grant(c.name, None) for c in dpus)])
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
         st.generation = await asyncio.to_thread(self.store.commit, changes, actor, self.store.SHARED)
-        self.state = st
+        self.state, self.state_head = st, self.store.head
         await self._followed(changes, leaving, held)
         self._moved()
 

@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from finsy import P4MeterConfig, P4MeterEntry
 from finsy.p4client import P4ClientError
 
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.models import Dpu, Pod
+from dpu_limiter.models import DesiredState, Dpu, Pod
 from dpu_limiter.replicas import owner
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE
@@ -316,6 +317,29 @@ async def test_two_replicas_started_at_once_on_a_fresh_database_both_serve(pg_ur
     for r in ("r1", "r2"):
         log = (tmp_path / f"{r}.log").read_text()
         assert "Traceback" not in log, log
+
+
+async def test_a_read_during_a_catch_up_answers_the_write_it_is_catching_up_on(pg_url: str) -> None:
+    # CI once listed ['x'] from r1 after r2 had acknowledged y: r1's background catch-up had read the new state
+    # (and the store's head with it) but not yet held it, and the read, finding the head unmoved, answered the
+    # old state. Here the catch-up's read is slowed (a slow database, a busy loop) to hold that window open.
+    async with replicas(pg_url, ["r1", "r2"]) as planes:
+        r1 = planes["r1"].service
+        read, load = threading.Event(), r1.store.load
+
+        def slow_load() -> DesiredState:
+            st = load()
+            if not read.is_set():
+                read.set()
+                time.sleep(1.0)  # (in the catch-up's worker thread)
+            return st
+
+        async with LimiterClient(planes["r1"].address) as a, LimiterClient(planes["r2"].address) as b:
+            await a.apply_pod("x", ["10.9.0.0/24"])
+            r1.store.load = slow_load  # type: ignore[method-assign]
+            await b.apply_pod("y", ["10.9.1.0/24"])
+            assert await asyncio.to_thread(read.wait, 30), "r1 never caught up"
+            assert sorted(p.name for p in await a.list_pods()) == ["x", "y"]
 
 
 def serve_command(url: str, port: int, replica: str, replica_lease_s: float = REPLICA_LEASE_S) -> list[str]:

@@ -130,6 +130,7 @@ class LimiterService:
         # How a read learns the change log's head as committed now: replicas read it on a connection of their
         # own, so that a read does not wait for this replica's own long write on the store's (its lock).
         self.read_head: Callable[[], tuple[int, str]] = store.log_head
+        self._plan_locked = False  # whether this replica holds the database's planning lock (_planning)
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
@@ -995,14 +996,22 @@ class LimiterService:
             if time.monotonic() > deadline:
                 raise StateStale(f"another replica has been planning a write for {PLAN_LOCK_WAIT_S:g} s")
             await asyncio.sleep(0.005)
+        self._plan_locked = commits
         try:
             yield
         finally:
-            if commits:
-                try:
-                    await asyncio.to_thread(self.store.release_planning_lock)
-                except Exception as exc:  # the session is gone, and the lock with it: a write done stays done
-                    LOG.warning("giving the planning lock up: %s", exc)
+            if self._plan_locked:  # (a write that committed gave it up at its commit: _unplan)
+                await asyncio.to_thread(self._unplan)
+
+    def _unplan(self) -> None:
+        """Give the planning lock up, if held (in a worker thread)."""
+        if not self._plan_locked:
+            return
+        self._plan_locked = False
+        try:
+            self.store.release_planning_lock()
+        except Exception as exc:  # the session is gone, and the lock with it: a write done stays done
+            LOG.warning("giving the planning lock up: %s", exc)
 
     async def refresh(self) -> None:
         """With replicas: take what the others wrote if the change log moved (a read then answers the latest)."""
@@ -1063,10 +1072,18 @@ class LimiterService:
         # this one, and a DPU made again starts from nothing.
         await self._saved([*self._leaving_holds(leaving, held), *(Grant(c.name, None) for c in dpus)])
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
-        st.generation = await asyncio.to_thread(self.store.commit, changes, actor, self.store.SHARED)
+        st.generation = await asyncio.to_thread(self._committed, changes, actor)
         self.state, self.state_head = st, self.store.head
         await self._followed(changes, leaving, held)
         self._moved()
+
+    def _committed(self, changes: list[Change], actor: str) -> int:
+        """Commit the changes (in a worker thread), then give the planning lock up at once: other replicas'
+        writes need not wait for this one's follow-up work, nor for the store's connection after it (share
+        passes' transactions queue there)."""
+        gen = self.store.commit(changes, actor, self.store.SHARED)
+        self._unplan()
+        return gen
 
     def _moved(self) -> None:
         """Wake those waiting for a new state (set once its shares and agents are moving: before, a wait could

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -30,7 +31,7 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import DesiredState, Dpu, Pod
 from dpu_limiter.replicas import owner
 from dpu_limiter.server import ControlPlane
-from dpu_limiter.service import ELSEWHERE
+from dpu_limiter.service import ELSEWHERE, PLAN_LOCK_WAIT_S
 from dpu_limiter.settings import Settings
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
@@ -339,6 +340,32 @@ async def test_a_read_during_a_catch_up_answers_the_write_it_is_catching_up_on(p
             r1.store.load = slow_load  # type: ignore[method-assign]
             await b.apply_pod("y", ["10.9.1.0/24"])
             assert await asyncio.to_thread(read.wait, 30), "r1 never caught up"
+            assert sorted(p.name for p in await a.list_pods()) == ["x", "y"]
+
+
+async def test_a_write_gives_the_planning_lock_up_at_its_commit(pg_url: str) -> None:
+    # Held until the write's follow-up work (agents, shares: seconds for a fleet) was done, and then given up
+    # behind the share passes' transactions on the store's connection, the lock kept every other replica's
+    # writes waiting on a write already stored. Here the follow-up waits until the other replica has written.
+    async with replicas(pg_url, ["r1", "r2"]) as planes:
+        r1 = planes["r1"].service
+        following, go_on = asyncio.Event(), asyncio.Event()
+        followed = r1._followed
+
+        async def held_back(*args: Any) -> None:
+            following.set()
+            await go_on.wait()
+            await followed(*args)
+
+        r1._followed = held_back  # type: ignore[method-assign]
+        async with LimiterClient(planes["r1"].address) as a, LimiterClient(planes["r2"].address) as b:
+            first = asyncio.create_task(a.apply_pod("x", ["10.9.0.0/24"]))
+            try:
+                await asyncio.wait_for(following.wait(), 30)
+                await asyncio.wait_for(b.apply_pod("y", ["10.9.1.0/24"]), PLAN_LOCK_WAIT_S / 2)
+            finally:
+                go_on.set()
+                await first
             assert sorted(p.name for p in await a.list_pods()) == ["x", "y"]
 
 

@@ -1274,9 +1274,8 @@ class LimiterService:
         deadline = loop.time() + timeout
         try:
             async with asyncio.timeout_at(deadline):
-                pods = [p for p in [*self._reshare_due, *self._resharing] if self.resharing(p)]
-                for pod in dict.fromkeys(pods):
-                    await self.settle(pod)
+                for pod in dict.fromkeys([*self._reshare_due, *self._resharing]):
+                    await self.settle(pod)  # (at once for a pod whose pass has ended)
         except TimeoutError:
             return False
         # One DPU at a time: the total wait is the slowest DPU's, without a waiter per DPU. An agent stopped or

@@ -22,6 +22,7 @@ import itertools
 import logging
 import math
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,15 @@ def _never(pod: str) -> bool:
 StatusSnapshot = tuple[list[tuple[str, "DpuAgent | None"]], set[str], bool]
 
 
+@dataclass
+class PlanningHold:
+    """One write's hold of the database's planning lock, taken and given up in worker threads: the mutex
+    makes the give-up happen once, after any take still running (PostgreSQL counts a session's takes)."""
+
+    held: bool = False
+    mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
 class LimiterService:
     """Desired state in the store, one reconciling agent per DPU."""
 
@@ -130,7 +140,6 @@ class LimiterService:
         # How a read learns the change log's head as committed now: replicas read it on a connection of their
         # own, so that a read does not wait for this replica's own long write on the store's (its lock).
         self.read_head: Callable[[], tuple[int, str]] = store.log_head
-        self._plan_locked = False  # whether this replica holds the database's planning lock (_planning)
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
@@ -971,47 +980,62 @@ class LimiterService:
         """Plan a write against the current state (in a worker thread) and commit it. With replicas, the state
         is the latest stored one: read again first if the change log moved, and planned anew if another
         replica wrote between the plan and the commit (StateStale), so every replica checks alike."""
-        async with self._lock, self._planning(not dry_run):
-            for attempt in itertools.count(1):
-                if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.state_head:
-                    await self._catch_up()
-                changes, st = await asyncio.to_thread(plan)
-                if dry_run:
-                    return changes
-                try:
-                    await self._commit(changes, actor, st)
-                    return changes
-                except StateStale:  # (the planning lock keeps other replicas' writes out: a safety net)
-                    if attempt >= STALE_TRIES:
-                        raise
+        async with self._lock:
+            # Caught up before the planning lock is taken: a catch-up's follow-up work (floors, which wait on
+            # DPUs) would hold every other replica's write back. Under it, only a write that came in between.
+            await self._caught_up()
+            async with self._planning(not dry_run) as hold:
+                for attempt in itertools.count(1):
+                    await self._caught_up()
+                    changes, st = await asyncio.to_thread(plan)
+                    if dry_run:
+                        return changes
+                    try:
+                        await self._commit(changes, actor, st, hold)
+                        return changes
+                    except StateStale:  # (the planning lock keeps other replicas' writes out: a safety net)
+                        if attempt >= STALE_TRIES:
+                            raise
         raise AssertionError("unreachable")
 
+    async def _caught_up(self) -> None:
+        """With replicas: take what the others wrote if the change log moved (under self._lock)."""
+        if self.store.SHARED and await asyncio.to_thread(self.store.log_head) != self.state_head:
+            await self._catch_up()
+
     @contextlib.asynccontextmanager
-    async def _planning(self, commits: bool) -> AsyncIterator[None]:
+    async def _planning(self, commits: bool) -> AsyncIterator[PlanningHold]:
         """For a write that commits: the database's planning lock from its plan to its commit. Without it, a
         replica whose plan another replica's commit made stale plans anew, and against one writing without
         pause lost again and again (measured: 5 plans in a row lost, UNAVAILABLE, for up to 1 write in 20)."""
-        deadline = time.monotonic() + PLAN_LOCK_WAIT_S
-        while commits and not await asyncio.to_thread(self.store.try_planning_lock):
-            if time.monotonic() > deadline:
-                raise StateStale(f"another replica has been planning a write for {PLAN_LOCK_WAIT_S:g} s")
-            await asyncio.sleep(0.005)
-        self._plan_locked = commits
+        hold = PlanningHold()
         try:
-            yield
+            deadline = time.monotonic() + PLAN_LOCK_WAIT_S
+            while commits and not await asyncio.to_thread(self._take, hold):
+                if time.monotonic() > deadline:
+                    raise StateStale(f"another replica has been planning a write for {PLAN_LOCK_WAIT_S:g} s")
+                await asyncio.sleep(0.005)
+            yield hold
         finally:
-            if self._plan_locked:  # (a write that committed gave it up at its commit: _unplan)
-                await asyncio.to_thread(self._unplan)
+            if commits:  # (a write that committed gave it up with its commit; one cancelled while a thread was
+                # taking it gives it up once that thread is done: the thread runs on if this wait is cancelled)
+                await asyncio.shield(asyncio.to_thread(self._give_up, hold))
 
-    def _unplan(self) -> None:
-        """Give the planning lock up, if held (in a worker thread)."""
-        if not self._plan_locked:
-            return
-        self._plan_locked = False
-        try:
-            self.store.release_planning_lock()
-        except Exception as exc:  # the session is gone, and the lock with it: a write done stays done
-            LOG.warning("giving the planning lock up: %s", exc)
+    def _take(self, hold: PlanningHold) -> bool:
+        """Try for the planning lock (in a worker thread); whether this write holds it now."""
+        with hold.mutex:
+            hold.held = self.store.try_planning_lock()
+            return hold.held
+
+    def _give_up(self, hold: PlanningHold) -> None:
+        """Give the planning lock up if this write still holds it (in a worker thread)."""
+        with hold.mutex:
+            if hold.held:
+                hold.held = False
+                try:
+                    self.store.release_planning_lock()
+                except Exception as exc:  # the session is gone, and the lock with it: a write done stays done
+                    LOG.warning("giving the planning lock up: %s", exc)
 
     async def refresh(self) -> None:
         """With replicas: take what the others wrote if the change log moved (a read then answers the latest)."""
@@ -1026,7 +1050,7 @@ class LimiterService:
     async def _catch_up(self) -> bool:
         """Read the state again and do for the DPUs this replica holds what its writer would have (under
         self._lock): floor those leaving, start new ones, reshare the pods touched."""
-        new, head = await asyncio.to_thread(self._load)
+        new, head = await asyncio.to_thread(self.store.load_at)
         if head == self.state_head:
             return False
         changes = state_changes(self.state, new)
@@ -1038,10 +1062,6 @@ class LimiterService:
         await self._followed(changes, leaving, held)
         self._moved()
         return True
-
-    def _load(self) -> tuple[DesiredState, tuple[int, str]]:
-        """The stored state and the change log's head it was read at (in a worker thread)."""
-        return self.store.load(), self.store.head
 
     def _leaving(self, changes: list[Change]) -> tuple[list[DpuAgent], dict[str, Cap | None]]:
         """The agents of DPUs that the changes delete or change (they get new agents), and their shares."""
@@ -1055,7 +1075,7 @@ class LimiterService:
             GrowthHold(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]
         ]
 
-    async def _commit(self, changes: list[Change], actor: str, st: DesiredState) -> None:
+    async def _commit(self, changes: list[Change], actor: str, st: DesiredState, hold: PlanningHold) -> None:
         """Store the changes (which make `st` of the current state), then set every agent and share they
         touch moving (under self._lock). A fleet's worth of follow-up work yields to the loop every BATCH
         objects, and agents open their connections in the background."""
@@ -1072,18 +1092,18 @@ class LimiterService:
         # this one, and a DPU made again starts from nothing.
         await self._saved([*self._leaving_holds(leaving, held), *(Grant(c.name, None) for c in dpus)])
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
-        st.generation = await asyncio.to_thread(self._committed, changes, actor)
-        self.state, self.state_head = st, self.store.head
+        st.generation, head = await asyncio.to_thread(self._committed, changes, actor, hold)
+        self.state, self.state_head = st, head
         await self._followed(changes, leaving, held)
         self._moved()
 
-    def _committed(self, changes: list[Change], actor: str) -> int:
-        """Commit the changes (in a worker thread), then give the planning lock up at once: other replicas'
-        writes need not wait for this one's follow-up work, nor for the store's connection after it (share
-        passes' transactions queue there)."""
-        gen = self.store.commit(changes, actor, self.store.SHARED)
-        self._unplan()
-        return gen
+    def _committed(self, changes: list[Change], actor: str, hold: PlanningHold) -> tuple[int, tuple[int, str]]:
+        """Commit the changes and give the planning lock up with the commit (in a worker thread): other
+        replicas' writes need not wait for this one's follow-up work. Returns the generation and head."""
+        with hold.mutex:
+            stored = self.store.commit_planned(changes, actor, hold.held)
+            hold.held = False
+            return stored
 
     def _moved(self) -> None:
         """Wake those waiting for a new state (set once its shares and agents are moving: before, a wait could

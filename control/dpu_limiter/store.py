@@ -185,7 +185,8 @@ class Store:
 
     def _open(self) -> None:
         """Migrate the schema and read the log's head: the subclass's __init__ calls it once connected."""
-        self._lock = threading.Lock()
+        # Reentrant: a compound call (commit_planned, load_at) holds the connection across the calls it makes.
+        self._lock = threading.RLock()
         self._migrate()
         # The version token (_token) when the tables last matched the log (_UNBOUND: not checked, as for
         # a database opened only to be read or repaired).
@@ -352,6 +353,11 @@ class Store:
         """Insert or replace a pod's cap."""
         return self.commit([Change("update", "cap", pod, after=cap)], actor)
 
+    def load_at(self) -> tuple[DesiredState, tuple[int, str]]:
+        """The desired state and the change log's head it was read at (one hold of the connection)."""
+        with self._lock:
+            return self.load(), self.head
+
     def load(self) -> DesiredState:
         """Read the whole desired state (and, in the same snapshot, the change log's head: `head`)."""
         with self._lock, self._snapshot() as cur:
@@ -460,6 +466,19 @@ class Store:
 
     def release_planning_lock(self) -> None:
         """Give the planning lock up."""
+
+    def commit_planned(self, changes: list[Change], actor: str, unplan: bool) -> tuple[int, tuple[int, str]]:
+        """Commit a write planned against `head` (refused as StateStale if a replica appended since), then, if
+        `unplan`, give the planning lock up in the same hold of the connection (not queued behind other
+        threads' transactions); returns the new generation and the change log's head it made."""
+        with self._lock:
+            gen = self.commit(changes, actor, self.SHARED)
+            head = self.head
+            if unplan:
+                # A failure here leaves the write done: the session broke, and the lock went with it.
+                with contextlib.suppress(Exception):
+                    self.release_planning_lock()
+            return gen, head
 
     def log_head(self) -> tuple[int, str]:
         """The change log's head as committed now (another replica may have appended since `head`)."""

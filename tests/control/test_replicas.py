@@ -369,6 +369,61 @@ async def test_a_write_gives_the_planning_lock_up_at_its_commit(pg_url: str) -> 
             assert sorted(p.name for p in await a.list_pods()) == ["x", "y"]
 
 
+async def test_a_write_catches_up_before_it_takes_the_planning_lock(pg_url: str) -> None:
+    # A red team: a write that reaches r1 before r1's follower has taken r2's delete of a DPU r1 holds catches
+    # up itself, and flooring that DPU waits on it (5 s, for one that does not confirm). Under the planning
+    # lock, every other replica's write waited as long. Here r1's follower is stopped so the write must.
+    ids = ["r1", "r2"]
+    async with settled_fleet(pg_url, ids, 1, "r1") as (planes, _, _):
+        (mine,) = [name for name, (r,) in holders(planes).items() if r == "r1"]
+
+        async def unconfirmed(ticket: int, timeout: float) -> bool:
+            await asyncio.sleep(timeout)
+            return False
+
+        planes["r1"].service.agents[mine].wait_applied = unconfirmed  # type: ignore[method-assign]
+        replicas_r1 = planes["r1"].replicas
+        assert replicas_r1 is not None
+        (follower,) = [t for t in replicas_r1._tasks if t.get_name() == "replica-follow"]
+        follower.cancel()
+        async with LimiterClient(planes["r1"].address) as a, LimiterClient(planes["r2"].address) as b:
+            await b.delete(dpus=[mine])
+            through_r1 = asyncio.create_task(a.apply_pod("x", ["10.9.0.0/24"]))
+            await asyncio.sleep(0.1)
+            t0 = time.monotonic()
+            await b.apply_pod("z", ["10.9.1.0/24"])
+            took = time.monotonic() - t0
+            await through_r1
+        assert took < 2.5, f"r2's write waited {took:.2f} s for r1's catch-up"
+
+
+async def test_a_write_cancelled_while_it_takes_the_planning_lock_leaves_it_free(pg_url: str) -> None:
+    # A review: a write cancelled (its caller gone) while a worker thread was taking the lock left the thread
+    # to take it with nobody to give it up: every other replica's write waited PLAN_LOCK_WAIT_S, then failed.
+    async with replicas(pg_url, ["r1", "r2"]) as planes:
+        r1 = planes["r1"].service
+        taking, taken, take = threading.Event(), threading.Event(), r1.store.try_planning_lock
+
+        def slow_take() -> bool:
+            taking.set()
+            time.sleep(0.5)
+            try:
+                return take()
+            finally:
+                taken.set()
+
+        r1.store.try_planning_lock = slow_take  # type: ignore[method-assign]
+        write = asyncio.create_task(r1.apply_pod(Pod("x", ("10.9.0.0/24",))))
+        assert await asyncio.to_thread(taking.wait, 10)
+        write.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await write
+        assert await asyncio.to_thread(taken.wait, 10)  # the thread took it after all
+        r1.store.try_planning_lock = take  # type: ignore[method-assign]
+        async with LimiterClient(planes["r2"].address) as b:
+            await asyncio.wait_for(b.apply_pod("y", ["10.9.1.0/24"]), PLAN_LOCK_WAIT_S / 2)
+
+
 def serve_command(url: str, port: int, replica: str, replica_lease_s: float = REPLICA_LEASE_S) -> list[str]:
     """`dpu-limiter serve` as replica `replica` on `url`, listening on loopback `port`."""
     return [

@@ -140,6 +140,7 @@ class LimiterService:
         # How a read learns the change log's head as committed now: replicas read it on a connection of their
         # own, so that a read does not wait for this replica's own long write on the store's (its lock).
         self.read_head: Callable[[], tuple[int, str]] = store.log_head
+        self._writes: set[asyncio.Task[list[Change]]] = set()  # writes running (_write)
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
@@ -211,7 +212,10 @@ class LimiterService:
             self._leaser = asyncio.create_task(self._lease_loop())
 
     async def stop(self) -> None:
-        """Stop every agent."""
+        """Stop every agent (and writes still running, whose callers went away)."""
+        for write in list(self._writes):
+            write.cancel()
+        await asyncio.gather(*self._writes, return_exceptions=True)
         for task in (self._starter, self._resharer, self._standbys_after):
             if task is not None:
                 task.cancel()
@@ -979,7 +983,23 @@ class LimiterService:
     ) -> list[Change]:
         """Plan a write against the current state (in a worker thread) and commit it. With replicas, the state
         is the latest stored one: read again first if the change log moved, and planned anew if another
-        replica wrote between the plan and the commit (StateStale), so every replica checks alike."""
+        replica wrote between the plan and the commit (StateStale), so every replica checks alike.
+
+        It runs to its end even if its caller goes away (a cancelled call, twice cancelled): cancelled halfway,
+        it would leave this replica's state behind what it stored, or a write of its own planned beside it."""
+        task = asyncio.create_task(self._written(plan, actor, dry_run), name="write")
+        self._writes.add(task)
+        task.add_done_callback(self._write_done)
+        return await asyncio.shield(task)
+
+    def _write_done(self, task: asyncio.Task[list[Change]]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled():
+            task.exception()  # (its caller, if still there, has it raised; if gone, it is nobody's to report)
+
+    async def _written(
+        self, plan: Callable[[], tuple[list[Change], DesiredState]], actor: str, dry_run: bool
+    ) -> list[Change]:
         async with self._lock:
             # Caught up before the planning lock is taken: a catch-up's follow-up work (floors, which wait on
             # DPUs) would hold every other replica's write back. Under it, only a write that came in between.
@@ -987,11 +1007,12 @@ class LimiterService:
             async with self._planning(not dry_run) as hold:
                 for attempt in itertools.count(1):
                     await self._caught_up()
+                    planned_at = self.state_head
                     changes, st = await asyncio.to_thread(plan)
                     if dry_run:
                         return changes
                     try:
-                        await self._commit(changes, actor, st, hold)
+                        await self._commit(changes, actor, st, hold, planned_at)
                         return changes
                     except StateStale:  # (the planning lock keeps other replicas' writes out: a safety net)
                         if attempt >= STALE_TRIES:
@@ -1075,7 +1096,9 @@ class LimiterService:
             GrowthHold(a.dpu.pod, now + self.lease_s + _window_s(held[a.dpu.name])) for a in leaving if held[a.dpu.name]
         ]
 
-    async def _commit(self, changes: list[Change], actor: str, st: DesiredState, hold: PlanningHold) -> None:
+    async def _commit(
+        self, changes: list[Change], actor: str, st: DesiredState, hold: PlanningHold, planned_at: tuple[int, str]
+    ) -> None:
         """Store the changes (which make `st` of the current state), then set every agent and share they
         touch moving (under self._lock). A fleet's worth of follow-up work yields to the loop every BATCH
         objects, and agents open their connections in the background."""
@@ -1092,16 +1115,18 @@ class LimiterService:
         # this one, and a DPU made again starts from nothing.
         await self._saved([*self._leaving_holds(leaving, held), *(Grant(c.name, None) for c in dpus)])
         # The store holds what `st` holds once the transaction commits: no need to read it all back.
-        st.generation, head = await asyncio.to_thread(self._committed, changes, actor, hold)
+        st.generation, head = await asyncio.to_thread(self._committed, changes, actor, hold, planned_at)
         self.state, self.state_head = st, head
         await self._followed(changes, leaving, held)
         self._moved()
 
-    def _committed(self, changes: list[Change], actor: str, hold: PlanningHold) -> tuple[int, tuple[int, str]]:
+    def _committed(
+        self, changes: list[Change], actor: str, hold: PlanningHold, planned_at: tuple[int, str]
+    ) -> tuple[int, tuple[int, str]]:
         """Commit the changes and give the planning lock up with the commit (in a worker thread): other
         replicas' writes need not wait for this one's follow-up work. Returns the generation and head."""
         with hold.mutex:
-            stored = self.store.commit_planned(changes, actor, hold.held)
+            stored = self.store.commit_planned(changes, actor, planned_at, hold.held)
             hold.held = False
             return stored
 

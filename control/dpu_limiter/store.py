@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -21,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 from . import audit, replay
 from .models import Cap, Change, DesiredState, Dpu, Pod, Role, Router
 from .replay import Db
+
+LOG = logging.getLogger(__name__)
 
 HOLDS_PER_STATEMENT = 499  # growth holds stored by one INSERT (998 parameters: within SQLite's oldest limit, 999)
 
@@ -258,11 +261,11 @@ class Store:
         with self._lock, self._transaction() as cur:
             yield cur
 
-    def commit(self, changes: list[Change], actor: str = "local", expect_head: bool = False) -> int:
+    def commit(self, changes: list[Change], actor: str = "local", expect_head: tuple[int, str] | None = None) -> int:
         """Store every change and its audit record in one transaction (all or none); returns the new generation.
 
-        With `expect_head`, only if nobody appended to the change log since this store last read or wrote it
-        (else StaleState, nothing written): the changes were planned against that state."""
+        With `expect_head`, only if the change log's head is still that one, the head of the state the changes
+        were planned against (else StateStale, nothing written)."""
         todo = [c for c in changes if c.verb != "unchanged"]
         if not todo:  # nothing to record: a new generation without a record would not replay
             with self._lock, self._snapshot() as cur:
@@ -274,8 +277,8 @@ class Store:
             # The head as committed, read after the transaction's write lock is taken: another writer of
             # the database (another replica) may have appended since this store last wrote.
             head = _head(cur)
-            if expect_head and head != self.head:
-                raise StateStale(f"{self.path}: the change log moved from record {self.head[0]} to {head[0]}")
+            if expect_head is not None and head != expect_head:
+                raise StateStale(f"{self.path}: the change log moved from record {expect_head[0]} to {head[0]}")
             before = head
             # In the changes' order, a run of the same statement at a time (a fleet's write is 40,000 rows:
             # one call per row costs more than the rows do), then the change log's records, chained in order.
@@ -467,17 +470,21 @@ class Store:
     def release_planning_lock(self) -> None:
         """Give the planning lock up."""
 
-    def commit_planned(self, changes: list[Change], actor: str, unplan: bool) -> tuple[int, tuple[int, str]]:
-        """Commit a write planned against `head` (refused as StateStale if a replica appended since), then, if
-        `unplan`, give the planning lock up in the same hold of the connection (not queued behind other
-        threads' transactions); returns the new generation and the change log's head it made."""
+    def commit_planned(
+        self, changes: list[Change], actor: str, planned_at: tuple[int, str], unplan: bool
+    ) -> tuple[int, tuple[int, str]]:
+        """Commit a write planned against the state of change log head `planned_at` (shared: refused as
+        StateStale if a replica appended since), then, if `unplan`, give the planning lock up in the same hold
+        of the connection (not queued behind other threads' transactions); returns the new generation and the
+        change log's head it made. A release that fails leaves the write done (StateStale is not raised)."""
         with self._lock:
-            gen = self.commit(changes, actor, self.SHARED)
+            gen = self.commit(changes, actor, planned_at if self.SHARED else None)
             head = self.head
             if unplan:
-                # A failure here leaves the write done: the session broke, and the lock went with it.
-                with contextlib.suppress(Exception):
+                try:
                     self.release_planning_lock()
+                except Exception as exc:  # the write is stored all the same; a broken session took the lock along
+                    LOG.warning("giving the planning lock up after a commit: %s", exc)
             return gen, head
 
     def log_head(self) -> tuple[int, str]:

@@ -7,7 +7,7 @@ acknowledged write survives a crash of the server. Writers are serialised by a t
 advisory lock taken first in every write transaction: the next writer reads the log's head only once
 the previous one committed, so the chain stays linear however many control planes write. Any number of
 control planes serve one database as replicas (replicas.py): each writes only what it planned against the
-log's head it last read (Store.commit's expect_head), and election ids come from one sequence.
+log's head its plan was made at (Store.commit's expect_head), and election ids come from one sequence.
 
 The driver is psycopg's synchronous API: the store's interface is synchronous and the service runs
 every call in a thread (asyncio.to_thread), as it does for SQLite.

@@ -28,7 +28,7 @@ from finsy import P4MeterConfig, P4MeterEntry
 from finsy.p4client import P4ClientError
 
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.models import DesiredState, Dpu, Pod
+from dpu_limiter.models import DesiredState, Dpu, InvalidArgument, Pod
 from dpu_limiter.replicas import owner
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.service import ELSEWHERE, PLAN_LOCK_WAIT_S
@@ -422,6 +422,33 @@ async def test_a_write_cancelled_while_it_takes_the_planning_lock_leaves_it_free
         r1.store.try_planning_lock = take  # type: ignore[method-assign]
         async with LimiterClient(planes["r2"].address) as b:
             await asyncio.wait_for(b.apply_pod("y", ["10.9.1.0/24"]), PLAN_LOCK_WAIT_S / 2)
+
+
+async def test_a_write_cancelled_twice_while_it_commits_is_done_before_the_next_is_planned(pg_url: str) -> None:
+    # A review: cancelled twice (a caller's timeout, then the server stopping), a write let go of this replica's
+    # lock while its commit ran on; the next write planned without it, and both pods of one prefix were stored.
+    async with replicas(pg_url, ["r1", "r2"]) as planes:
+        r1 = planes["r1"].service
+        committing, commit = threading.Event(), r1.store.commit_planned
+
+        def slow_commit(*args: Any) -> tuple[int, tuple[int, str]]:
+            if not committing.is_set():
+                committing.set()
+                time.sleep(1.0)
+            return commit(*args)
+
+        r1.store.commit_planned = slow_commit  # type: ignore[method-assign]
+        first = asyncio.create_task(r1.apply_pod(Pod("x", ("10.9.0.0/24",))))
+        assert await asyncio.to_thread(committing.wait, 10)
+        for _ in range(2):
+            first.cancel()
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        with pytest.raises(InvalidArgument, match="overlap"):
+            await r1.apply_pod(Pod("y", ("10.9.0.0/24",)))
+        stored = await asyncio.to_thread(r1.store.load)
+        assert sorted(stored.pods) == sorted(r1.state.pods) == ["x"]
 
 
 def serve_command(url: str, port: int, replica: str, replica_lease_s: float = REPLICA_LEASE_S) -> list[str]:

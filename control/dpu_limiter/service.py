@@ -985,20 +985,27 @@ class LimiterService:
         is the latest stored one: read again first if the change log moved, and planned anew if another
         replica wrote between the plan and the commit (StateStale), so every replica checks alike.
 
-        It runs to its end even if its caller goes away (a cancelled call, twice cancelled): cancelled halfway,
-        it would leave this replica's state behind what it stored, or a write of its own planned beside it."""
-        task = asyncio.create_task(self._written(plan, actor, dry_run), name="write")
+        A write whose caller goes away (a cancelled call) before it commits is dropped there, nothing stored
+        (run later, it could undo a newer write made meanwhile); one that commits runs to its end however often
+        its caller is cancelled: cut short, it would leave this replica's state behind what it stored, or let
+        a write of its own be planned beside it (a review: two pods of one prefix stored)."""
+        left = asyncio.Event()  # set once the caller has gone
+        task = asyncio.create_task(self._written(plan, actor, dry_run, left), name="write")
         self._writes.add(task)
-        task.add_done_callback(self._write_done)
-        return await asyncio.shield(task)
+        task.add_done_callback(functools.partial(self._write_done, left))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            left.set()
+            raise
 
-    def _write_done(self, task: asyncio.Task[list[Change]]) -> None:
+    def _write_done(self, left: asyncio.Event, task: asyncio.Task[list[Change]]) -> None:
         self._writes.discard(task)
-        if not task.cancelled():
-            task.exception()  # (its caller, if still there, has it raised; if gone, it is nobody's to report)
+        if not task.cancelled() and (exc := task.exception()) is not None and left.is_set():
+            LOG.warning("a write whose caller had gone failed: %s: %s", type(exc).__name__, exc)
 
     async def _written(
-        self, plan: Callable[[], tuple[list[Change], DesiredState]], actor: str, dry_run: bool
+        self, plan: Callable[[], tuple[list[Change], DesiredState]], actor: str, dry_run: bool, left: asyncio.Event
     ) -> list[Change]:
         async with self._lock:
             # Caught up before the planning lock is taken: a catch-up's follow-up work (floors, which wait on
@@ -1011,6 +1018,8 @@ class LimiterService:
                     changes, st = await asyncio.to_thread(plan)
                     if dry_run:
                         return changes
+                    if left.is_set():
+                        raise asyncio.CancelledError  # (the planning lock is given up on the way out)
                     try:
                         await self._commit(changes, actor, st, hold, planned_at)
                         return changes

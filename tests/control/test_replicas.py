@@ -397,9 +397,12 @@ async def test_a_write_catches_up_before_it_takes_the_planning_lock(pg_url: str)
         assert took < 2.5, f"r2's write waited {took:.2f} s for r1's catch-up"
 
 
-async def test_a_write_cancelled_while_it_takes_the_planning_lock_leaves_it_free(pg_url: str) -> None:
+async def test_a_write_whose_caller_left_while_it_took_the_planning_lock_is_dropped_and_gives_it_up(
+    pg_url: str,
+) -> None:
     # A review: a write cancelled (its caller gone) while a worker thread was taking the lock left the thread
     # to take it with nobody to give it up: every other replica's write waited PLAN_LOCK_WAIT_S, then failed.
+    # And a write whose caller has gone must not commit later on (it could undo a newer write made meanwhile).
     async with replicas(pg_url, ["r1", "r2"]) as planes:
         r1 = planes["r1"].service
         taking, taken, take = threading.Event(), threading.Event(), r1.store.try_planning_lock
@@ -420,8 +423,10 @@ async def test_a_write_cancelled_while_it_takes_the_planning_lock_leaves_it_free
             await write
         assert await asyncio.to_thread(taken.wait, 10)  # the thread took it after all
         r1.store.try_planning_lock = take  # type: ignore[method-assign]
+        await until(lambda: not r1._writes, 10, "r1's write ends")
         async with LimiterClient(planes["r2"].address) as b:
             await asyncio.wait_for(b.apply_pod("y", ["10.9.1.0/24"]), PLAN_LOCK_WAIT_S / 2)
+            assert [p.name for p in await b.list_pods()] == ["y"]
 
 
 async def test_a_write_cancelled_twice_while_it_commits_is_done_before_the_next_is_planned(pg_url: str) -> None:

@@ -83,10 +83,12 @@ StatusSnapshot = tuple[list[tuple[str, "DpuAgent | None"]], set[str], bool]
 
 @dataclass
 class PlanningHold:
-    """One write's hold of the database's planning lock, taken and given up in worker threads: the mutex
-    makes the give-up happen once, after any take still running (PostgreSQL counts a session's takes)."""
+    """One write's hold of the database's planning lock, taken and given up in worker threads: under the
+    mutex, a give-up happens once, and a take that comes after it takes nothing (PostgreSQL counts a
+    session's takes: one never given up would hold every other replica's writes back)."""
 
     held: bool = False
+    given_up: bool = False
     mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -140,7 +142,8 @@ class LimiterService:
         # How a read learns the change log's head as committed now: replicas read it on a connection of their
         # own, so that a read does not wait for this replica's own long write on the store's (its lock).
         self.read_head: Callable[[], tuple[int, str]] = store.log_head
-        self._writes: set[asyncio.Task[list[Change]]] = set()  # writes running (_write)
+        # Writes and catch-ups running, which run to their end even if their caller goes away (_write, catch_up).
+        self._to_end: set[asyncio.Task[Any]] = set()
         self._fences = 0  # how many times this replica stopped writing for fear of its lease (fence)
         self.agents: dict[str, DpuAgent] = {}
         self._sorted: list[str] | None = None  # their names in order (None: to be sorted again)
@@ -212,10 +215,11 @@ class LimiterService:
             self._leaser = asyncio.create_task(self._lease_loop())
 
     async def stop(self) -> None:
-        """Stop every agent (and writes still running, whose callers went away)."""
-        for write in list(self._writes):
+        """Stop every agent (and writes and catch-ups still running, whose callers went away)."""
+        running = list(self._to_end)
+        for write in running:
             write.cancel()
-        await asyncio.gather(*self._writes, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         for task in (self._starter, self._resharer, self._standbys_after):
             if task is not None:
                 task.cancel()
@@ -991,7 +995,7 @@ class LimiterService:
         a write of its own be planned beside it (a review: two pods of one prefix stored)."""
         left = asyncio.Event()  # set once the caller has gone
         task = asyncio.create_task(self._written(plan, actor, dry_run, left), name="write")
-        self._writes.add(task)
+        self._to_end.add(task)
         task.add_done_callback(functools.partial(self._write_done, left))
         try:
             return await asyncio.shield(task)
@@ -1000,7 +1004,7 @@ class LimiterService:
             raise
 
     def _write_done(self, left: asyncio.Event, task: asyncio.Task[list[Change]]) -> None:
-        self._writes.discard(task)
+        self._to_end.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None and left.is_set():
             LOG.warning("a write whose caller had gone failed: %s: %s", type(exc).__name__, exc)
 
@@ -1054,12 +1058,14 @@ class LimiterService:
     def _take(self, hold: PlanningHold) -> bool:
         """Try for the planning lock (in a worker thread); whether this write holds it now."""
         with hold.mutex:
-            hold.held = self.store.try_planning_lock()
+            if not hold.given_up:  # (a write stopped meanwhile: its give-up may have come first)
+                hold.held = self.store.try_planning_lock()
             return hold.held
 
     def _give_up(self, hold: PlanningHold) -> None:
         """Give the planning lock up if this write still holds it (in a worker thread)."""
         with hold.mutex:
+            hold.given_up = True
             if hold.held:
                 hold.held = False
                 try:
@@ -1073,7 +1079,15 @@ class LimiterService:
             await self.catch_up()  # (waits for one under way: the state it holds may be older than its head)
 
     async def catch_up(self) -> bool:
-        """Take what other replicas wrote (replicas.py, when the change log's head moved); whether it had."""
+        """Take what other replicas wrote (replicas.py, when the change log's head moved); whether it had. It
+        runs to its end if its caller goes away (a read whose call was cancelled): cut short after it held the
+        new state, its follow-up (agents, floors, shares) would never be done."""
+        task = asyncio.create_task(self._locked_catch_up(), name="catch-up")
+        self._to_end.add(task)
+        task.add_done_callback(self._to_end.discard)
+        return await asyncio.shield(task)
+
+    async def _locked_catch_up(self) -> bool:
         async with self._lock:
             return await self._catch_up()
 

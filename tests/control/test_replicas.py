@@ -31,7 +31,7 @@ from dpu_limiter.client import LimiterClient
 from dpu_limiter.models import DesiredState, Dpu, InvalidArgument, Pod
 from dpu_limiter.replicas import owner
 from dpu_limiter.server import ControlPlane
-from dpu_limiter.service import ELSEWHERE, PLAN_LOCK_WAIT_S
+from dpu_limiter.service import ELSEWHERE, PLAN_LOCK_WAIT_S, PlanningHold
 from dpu_limiter.settings import Settings
 from dpu_limiter.store import Store
 from dpu_limiter.stores import read_audit, verify_file
@@ -423,7 +423,7 @@ async def test_a_write_whose_caller_left_while_it_took_the_planning_lock_is_drop
             await write
         assert await asyncio.to_thread(taken.wait, 10)  # the thread took it after all
         r1.store.try_planning_lock = take  # type: ignore[method-assign]
-        await until(lambda: not r1._writes, 10, "r1's write ends")
+        await until(lambda: not r1._to_end, 10, "r1's write ends")
         async with LimiterClient(planes["r2"].address) as b:
             await asyncio.wait_for(b.apply_pod("y", ["10.9.1.0/24"]), PLAN_LOCK_WAIT_S / 2)
             assert [p.name for p in await b.list_pods()] == ["y"]
@@ -454,6 +454,49 @@ async def test_a_write_cancelled_twice_while_it_commits_is_done_before_the_next_
             await r1.apply_pod(Pod("y", ("10.9.0.0/24",)))
         stored = await asyncio.to_thread(r1.store.load)
         assert sorted(stored.pods) == sorted(r1.state.pods) == ["x"]
+
+
+async def test_a_planning_lock_given_up_before_its_take_ran_is_not_taken(pg_url: str) -> None:
+    # A review: a write stopped while its take waited for a worker thread gave up first (nothing held yet),
+    # then the take ran and took the lock for good: every other replica's write failed after 10 s.
+    async with replicas(pg_url, ["r1", "r2"]) as planes:
+        r1, r2 = planes["r1"].service, planes["r2"].service
+        hold = PlanningHold()
+        await asyncio.to_thread(r1._give_up, hold)
+        assert not await asyncio.to_thread(r1._take, hold)
+        assert await asyncio.to_thread(r2.store.try_planning_lock)  # free: r1's session holds nothing
+        await asyncio.to_thread(r2.store.release_planning_lock)
+
+
+async def test_a_catch_up_whose_reader_left_still_follows_up(pg_url: str) -> None:
+    # A review: a read catches up in its own call; cancelled (its deadline) after the new state was held and
+    # before its follow-up was done, the follow-up (agents, floors, shares) was never done by anyone.
+    async with replicas(pg_url, ["r1", "r2"]) as planes:
+        r1 = planes["r1"].replicas
+        assert r1 is not None
+        for task in r1._tasks:
+            if task.get_name() == "replica-follow":
+                task.cancel()  # (so that the read is the one that catches up)
+        svc = planes["r1"].service
+        following, go_on, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        followed = svc._followed
+
+        async def held_back(*args: Any) -> None:
+            following.set()
+            await go_on.wait()
+            await followed(*args)
+            done.set()
+
+        svc._followed = held_back  # type: ignore[method-assign]
+        async with LimiterClient(planes["r2"].address) as b:
+            await b.apply_pod("y", ["10.9.1.0/24"])
+        read = asyncio.create_task(svc.refresh())
+        await asyncio.wait_for(following.wait(), 10)
+        read.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await read
+        go_on.set()
+        await asyncio.wait_for(done.wait(), 10)
 
 
 def serve_command(url: str, port: int, replica: str, replica_lease_s: float = REPLICA_LEASE_S) -> list[str]:

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from . import dataplane as dp
 from . import heap, shares
@@ -47,6 +47,7 @@ from .settings import Settings
 from .store import Grant, GrowthHold, StateStale, Store
 from .usage import DirectionUsage, usage_row
 
+T = TypeVar("T")
 LOG = logging.getLogger(__name__)
 
 
@@ -993,20 +994,26 @@ class LimiterService:
         (run later, it could undo a newer write made meanwhile); one that commits runs to its end however often
         its caller is cancelled: cut short, it would leave this replica's state behind what it stored, or let
         a write of its own be planned beside it (a review: two pods of one prefix stored)."""
-        left = asyncio.Event()  # set once the caller has gone
-        task = asyncio.create_task(self._written(plan, actor, dry_run, left), name="write")
+        left = asyncio.Event()
+        return await self._to_the_end(self._written(plan, actor, dry_run, left), "write", left)
+
+    async def _to_the_end(self, work: Coroutine[Any, Any, T], name: str, left: asyncio.Event | None = None) -> T:
+        """`work`'s result, run in a task of its own that goes on to its end if the caller goes away (then
+        `left` is set), until stop(); its failure, once nobody waits for it, is logged."""
+        left = asyncio.Event() if left is None else left
+        task = asyncio.create_task(work, name=name)
         self._to_end.add(task)
-        task.add_done_callback(functools.partial(self._write_done, left))
+        task.add_done_callback(functools.partial(self._ended, left))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             left.set()
             raise
 
-    def _write_done(self, left: asyncio.Event, task: asyncio.Task[list[Change]]) -> None:
+    def _ended(self, left: asyncio.Event, task: asyncio.Task[Any]) -> None:
         self._to_end.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None and left.is_set():
-            LOG.warning("a write whose caller had gone failed: %s: %s", type(exc).__name__, exc)
+            LOG.warning("a %s whose caller had gone failed: %s: %s", task.get_name(), type(exc).__name__, exc)
 
     async def _written(
         self, plan: Callable[[], tuple[list[Change], DesiredState]], actor: str, dry_run: bool, left: asyncio.Event
@@ -1082,10 +1089,7 @@ class LimiterService:
         """Take what other replicas wrote (replicas.py, when the change log's head moved); whether it had. It
         runs to its end if its caller goes away (a read whose call was cancelled): cut short after it held the
         new state, its follow-up (agents, floors, shares) would never be done."""
-        task = asyncio.create_task(self._locked_catch_up(), name="catch-up")
-        self._to_end.add(task)
-        task.add_done_callback(self._to_end.discard)
-        return await asyncio.shield(task)
+        return await self._to_the_end(self._locked_catch_up(), "catch-up")
 
     async def _locked_catch_up(self) -> bool:
         async with self._lock:

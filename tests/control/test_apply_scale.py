@@ -20,7 +20,8 @@ import pytest
 from dpu_limiter import api, planning
 from dpu_limiter._proto.limiter.v1 import limiter_pb2 as pb
 from dpu_limiter.client import LimiterClient
-from dpu_limiter.models import DesiredState, InvalidArgument, Pod
+from dpu_limiter.convert import change_fields
+from dpu_limiter.models import Change, DesiredState, InvalidArgument, Pod
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.settings import Settings
 from helpers.paths import ROOT
@@ -109,6 +110,20 @@ async def test_a_fleet_apply_leaves_the_server_answering(
         assert gaps and max(gaps) < cp.service.lease_s / 3 + BOUND_S, f"lease renewals {attempt}: {gaps}"
     status = await c.status()
     assert len(status.dpus) == 2 * PODS and status.generation == reply.generation
+
+
+def test_a_writes_answer_encoded_in_pieces_is_the_whole_message() -> None:
+    # Encoded ENCODED_CHANGES changes at a time (a fleet's answer at once held the interpreter lock ~20 ms):
+    # the same bytes as the whole message encoded in one piece, every change in order.
+    changes = [
+        Change("create", "pod", f"p{i}", None, Pod.validated(f"p{i}", [f"10.0.{i % 256}.0/24"])) for i in range(2345)
+    ]
+    whole = pb.WriteResponse(generation=7)
+    for c in changes:
+        whole.changes.add(**change_fields(c))
+    assert len(changes) > 2 * api.ENCODED_CHANGES
+    assert api._written(changes, 7) == whole.SerializeToString()
+    assert api._written([], 3) == pb.WriteResponse(generation=3).SerializeToString()
 
 
 async def test_polling_the_whole_fleets_status_takes_a_bounded_share_of_the_loop(

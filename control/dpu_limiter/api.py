@@ -320,7 +320,8 @@ class LimiterApi(pb_grpc.LimiterServicer):
         # (Encoded messages joined are the message that has all their fields, rows in order: so no turn of
         # the loop encodes a whole fleet's. A worker thread would not spare the loop: it takes the
         # interpreter lock in turns with it, 5 ms each, and the loop, which gives the lock up at every poll,
-        # waited for it again and again.)
+        # waited for it again and again. A write's answer is encoded in one all the same, _written: there
+        # the thread's slowness is the writer's, who waits seconds anyway, and the loop is spared.)
         agents, busy, more = self.service.status_snapshot(request.page_token, request.page_size, request.held_here)
         if more:
             out.next_page_token = agents[-1][0]

@@ -122,6 +122,7 @@ def test_a_writes_answer_encoded_in_pieces_is_the_whole_message() -> None:
     for c in changes:
         whole.changes.add(**change_fields(c))
     assert len(changes) > 2 * api.ENCODED_CHANGES
+    assert pb.WriteResponse.FromString(api._written(changes, 7)) == whole
     assert api._written(changes, 7) == whole.SerializeToString()
     assert api._written([], 3) == pb.WriteResponse(generation=3).SerializeToString()
 

@@ -254,7 +254,8 @@ def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
         if d.node_mac:
             macs.setdefault(d.node_mac, []).append(d.name)
             peers[d.pod] = peers.get(d.pod, 0) + 1
-    for where, dpu in dpus:
+    written = {dpu.name: (i, where) for i, (where, dpu) in enumerate(dpus)}
+    for i, (where, dpu) in enumerate(dpus):
         if dpu.pod not in st.pods:
             raise NotFound(f"{where}.pod", dpu.pod, "no such pod; apply the pod first")
         if dpu.node_mac and peers[dpu.pod] > MAX_POD_NODE_MACS:
@@ -263,16 +264,30 @@ def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
                 f"{where}.node_mac", dpu.node_mac, f"pod {dpu.pod!r} would have more than {MAX_POD_NODE_MACS} node MACs"
             )
         for other in endpoints[(dpu.p4runtime_address, dpu.device_id)]:
-            if other != dpu.name:
+            if (earlier := _clash(other, dpu.name, written, i)) is not None:
+                also = f"also given to DPU {other!r} at {earlier}"
+                said = also if earlier else f"already registered as DPU {other!r}"
                 raise AlreadyExists(
-                    f"{where}.p4runtime_address",
-                    dpu.p4runtime_address,
-                    f"already registered as DPU {other!r} with device id {dpu.device_id}",
+                    f"{where}.p4runtime_address", dpu.p4runtime_address, f"{said} with device id {dpu.device_id}"
                 )
         # One node, one MAC: a MAC named twice would make one pod's exemption reach another's node.
         for other in macs.get(dpu.node_mac, ()) if dpu.node_mac else ():
-            if other != dpu.name:
-                raise AlreadyExists(f"{where}.node_mac", dpu.node_mac, f"already the node MAC of DPU {other!r}")
+            if (earlier := _clash(other, dpu.name, written, i)) is not None:
+                also = f"also given to DPU {other!r} at {earlier}"
+                said = also if earlier else f"already the node MAC of DPU {other!r}"
+                raise AlreadyExists(f"{where}.node_mac", dpu.node_mac, said)
+
+
+def _clash(other: str, name: str, written: dict[str, tuple[int, str]], at: int) -> str | None:
+    """Whether DPU `other` holding what the write's `at`-th DPU `name` asks for is an error there: None if not
+    (it is `name` itself, or the write gives it later: the error names that later one), else the field the
+    write gives `other` at, or "" for a DPU stored and not in this write."""
+    if other == name:
+        return None
+    given = written.get(other)
+    if given is None:
+        return ""
+    return None if given[0] > at else given[1]
 
 
 def _check_fits(

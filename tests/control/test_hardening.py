@@ -5,6 +5,7 @@ stored changes."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import sqlite3
 from pathlib import Path
@@ -23,7 +24,8 @@ from dpu_limiter.models import MAX_POD_PREFIXES
 from dpu_limiter.server import ControlPlane
 from dpu_limiter.store import StateInUse
 from dpu_limiter.tls import TlsFiles, init
-from helpers.planes import plane_with_pod
+from helpers.planes import plane_with_pod, register
+from helpers.processes import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,6 +126,43 @@ async def test_status_codes_are_the_protos(db: str) -> None:
         # Naming one object twice in one request is a malformed request, not a clash with what is stored.
         twice = pb.ApplyRequest(pods=[pb.Pod(name="b", ipv4_prefixes=["10.0.2.0/24"])] * 2)
         await _refused(c, c.stub.Apply(twice), Code.INVALID_ARGUMENT, "pods[1].name")
+
+
+async def test_two_new_dpus_of_one_endpoint_or_mac_blame_the_later_one(db: str) -> None:
+    """A red team: dpus[999] taking dpus[5]'s endpoint was answered as dpus[5] being 'already registered as'
+    dpus[999]'s DPU, which was in no store. The later field is at fault, and the message says where the other is."""
+    async with plane_with_pod(db) as (_, c):
+        await c.register_dpu(_dpu("stored", "127.0.0.1:9", device_id=9))
+        dpus = [_dpu(f"n{i:02d}", "127.0.0.1:1", device_id=100 + i) for i in range(12)]
+        dpus[11].device_id = dpus[2].device_id  # index 11 after index 2 (as text, "dpus[11]" < "dpus[2]")
+        details = await _refused(c, c.stub.Apply(pb.ApplyRequest(dpus=dpus)), Code.ALREADY_EXISTS, "dpus[11].")
+        assert "also given to DPU 'n02' at dpus[2] with device id 102" in details, details
+        dpus[11].device_id = 111
+        for k in (3, 10):
+            dpus[k].role, dpus[k].node_mac = pb.DPU_ROLE_NODE, "02:00:00:00:00:0a"
+        details = await _refused(c, c.stub.Apply(pb.ApplyRequest(dpus=dpus)), Code.ALREADY_EXISTS, "dpus[10].node_mac")
+        assert "also given to DPU 'n03' at dpus[3]" in details, details
+        dpus[10].node_mac = "02:00:00:00:00:0b"
+        dpus[7].p4runtime_address, dpus[7].device_id = "127.0.0.1:9", 9  # a stored DPU's endpoint: as before
+        details = await _refused(c, c.stub.Apply(pb.ApplyRequest(dpus=dpus)), Code.ALREADY_EXISTS, "dpus[7].")
+        assert "already registered as DPU 'stored' with device id 9" in details, details
+        dpus[7].p4runtime_address, dpus[7].device_id = "127.0.0.1:1", 107
+        assert len((await c.stub.Apply(pb.ApplyRequest(dpus=dpus))).changes) == 12
+
+
+async def test_dpus_that_leave_unfloored_are_warned_of_once_a_write(db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A red team: deleting DPUs that could not be floored logged a line per DPU (148,000 lines in 4 minutes of
+    churn). One line a write, with the count and the first names."""
+    async with plane_with_pod(db) as (_, c):
+        await c.set_pod_cap("a", 8e6, 8e6, 1.0)
+        names = [f"u{i}" for i in range(8)]
+        for name in names:  # at closed ports: never connected, so never floored
+            await register(c, name, f"127.0.0.1:{free_port()}")
+        caplog.set_level(logging.INFO, logger="dpu_limiter.service")
+        await c.stub.Delete(pb.DeleteRequest(dpus=names))
+        said = [r for r in caplog.records if "without being floored" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]
+        assert "8 DPU(s) left without being floored (u0, u1, u2, u3, u4 and 3 more)" in said[0].getMessage()
 
 
 async def test_caps_that_mean_nothing_are_refused_before_any_dpu(db: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from . import dataplane as dp
@@ -77,7 +77,7 @@ def planned_apply(
     routers = [(w, r) for w, r in routers if ("router", r.name) not in same]
     _check_routers(st, routers)
     check_prefixes(st, pods)
-    _check_dpus(st, dpus)
+    _check_dpus(base, st, dpus)
     for where, pod, _ in caps:
         if pod not in st.pods:
             raise NotFound(f"{where}pod", pod, "no such pod")
@@ -242,8 +242,9 @@ def _check_routers(st: DesiredState, routers: Sequence[tuple[str, Router]]) -> N
                     raise InvalidArgument(f"{where}.pods", pod, f"already behind router {other!r}")
 
 
-def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
-    """Every written DPU names a pod and has an endpoint (address and device id) of its own."""
+def _check_dpus(base: DesiredState, st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
+    """Every written DPU names a pod and has an endpoint (address and device id) and node MAC of its own; of two
+    that clash, the one that did not hold it before the write (`base`) is at fault, else the later one."""
     if not dpus:
         return
     endpoints: dict[tuple[str, int], list[str]] = {}
@@ -263,8 +264,9 @@ def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
             raise InvalidArgument(
                 f"{where}.node_mac", dpu.node_mac, f"pod {dpu.pod!r} would have more than {MAX_POD_NODE_MACS} node MACs"
             )
+        had_endpoint, had_mac = functools.partial(_had_endpoint, base, dpu), functools.partial(_had_mac, base, dpu)
         for other in endpoints[(dpu.p4runtime_address, dpu.device_id)]:
-            if (earlier := _clash(other, dpu.name, written, i)) is not None:
+            if (earlier := _clash(other, dpu.name, written, i, had_endpoint)) is not None:
                 also = f"also given to DPU {other!r} at {earlier}"
                 said = also if earlier else f"already registered as DPU {other!r}"
                 raise AlreadyExists(
@@ -272,22 +274,39 @@ def _check_dpus(st: DesiredState, dpus: Sequence[tuple[str, Dpu]]) -> None:
                 )
         # One node, one MAC: a MAC named twice would make one pod's exemption reach another's node.
         for other in macs.get(dpu.node_mac, ()) if dpu.node_mac else ():
-            if (earlier := _clash(other, dpu.name, written, i)) is not None:
+            if (earlier := _clash(other, dpu.name, written, i, had_mac)) is not None:
                 also = f"also given to DPU {other!r} at {earlier}"
                 said = also if earlier else f"already the node MAC of DPU {other!r}"
                 raise AlreadyExists(f"{where}.node_mac", dpu.node_mac, said)
 
 
-def _clash(other: str, name: str, written: dict[str, tuple[int, str]], at: int) -> str | None:
-    """Whether DPU `other` holding what the write's `at`-th DPU `name` asks for is an error there: None if not
-    (it is `name` itself, or the write gives it later: the error names that later one), else the field the
-    write gives `other` at, or "" for a DPU stored and not in this write."""
+def _clash(
+    other: str, name: str, written: dict[str, tuple[int, str]], at: int, had: Callable[[str], bool]
+) -> str | None:
+    """Whether DPU `other` holding what the write's `at`-th DPU `name` asks for (an endpoint or a node MAC; `had`
+    says whether a DPU held it before the write) is an error at `name`: None if not (it is `name` itself, or
+    `name` held it before, or the write gives it to `other` later: the error is `other`'s then), else the field
+    the write gives it to `other` at, or "" when `other` held it before or is not in the write."""
     if other == name:
         return None
     given = written.get(other)
-    if given is None:
+    if given is None or had(other):
         return ""
+    if had(name):
+        return None
     return None if given[0] > at else given[1]
+
+
+def _had_endpoint(base: DesiredState, dpu: Dpu, name: str) -> bool:
+    """Whether DPU `name` had `dpu`'s endpoint before the write."""
+    d = base.dpus.get(name)
+    return d is not None and (d.p4runtime_address, d.device_id) == (dpu.p4runtime_address, dpu.device_id)
+
+
+def _had_mac(base: DesiredState, dpu: Dpu, name: str) -> bool:
+    """Whether DPU `name` had `dpu`'s node MAC before the write."""
+    d = base.dpus.get(name)
+    return d is not None and d.node_mac == dpu.node_mac
 
 
 def _check_fits(

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -241,6 +242,7 @@ ANSWERS = (
     grpc.StatusCode.ALREADY_EXISTS,
 )
 METHODS = pb.DESCRIPTOR.services_by_name["Limiter"].methods
+CALL_S = 10.0  # each call's deadline
 
 
 def _values(field: FieldDescriptor) -> st.SearchStrategy[object]:
@@ -299,14 +301,27 @@ def test_every_rpc_any_bytes(db: str, method: str, data: st.DataObject) -> None:
         path = f"/limiter.v1.Limiter/{method}"
         try:
             if desc.server_streaming:
-                call = c.channel.unary_stream(path)(payload, timeout=10)
+                call = c.channel.unary_stream(path)(payload, timeout=CALL_S)
                 await anext(aiter(call))
                 call.cancel()
             else:
-                await c.channel.unary_unary(path)(payload, timeout=10)
+                await c.channel.unary_unary(path)(payload, timeout=CALL_S)
         except grpc.aio.AioRpcError as err:
-            assert err.code() in ANSWERS, (err.code(), err.details())
+            waited = err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and _asks_to_wait(method, payload, CALL_S)
+            assert err.code() in ANSWERS or waited, (err.code(), err.details())
             assert len(err.details() or "") <= 1024
             assert await _snapshot(c) == before
 
     _run(db, body)
+
+
+def _asks_to_wait(method: str, payload: bytes, deadline_s: float) -> bool:
+    """Whether `payload` is a GetStatus that may wait (wait_s, up to an hour: a valid request) about as long as
+    the call's deadline or longer: then running out of time is the caller's doing (CI drew wait_s over 10 s)."""
+    if method != "GetStatus":
+        return False
+    try:
+        request = pb.GetStatusRequest.FromString(payload)
+    except DecodeError:
+        return False
+    return request.wait_s >= deadline_s - 2

@@ -148,6 +148,38 @@ async def test_two_new_dpus_of_one_endpoint_or_mac_blame_the_later_one(db: str) 
         assert "already registered as DPU 'stored' with device id 9" in details, details
         dpus[7].p4runtime_address, dpus[7].device_id = "127.0.0.1:1", 107
         assert len((await c.stub.Apply(pb.ApplyRequest(dpus=dpus))).changes) == 12
+        # A stored DPU updated in the same write (listed after the newcomer) keeps what it held: the newcomer is
+        # at fault, for its endpoint and for its node MAC (a review: the stored one was blamed by position).
+        await c.register_dpu(
+            pb.Dpu(
+                name="node",
+                p4runtime_address="127.0.0.1:8",
+                device_id=8,
+                pod="a",
+                role=pb.DPU_ROLE_NODE,
+                node_mac="02:00:00:00:00:08",
+            )
+        )
+        stored = (await c.stub.ListDpus(pb.ListDpusRequest())).dpus
+        node = next(d for d in stored if d.name == "node")
+        node.uplink_port = node.host_port + 5  # an update that keeps its endpoint and MAC
+        newcomer = _dpu("z", "127.0.0.1:8", device_id=8)
+        details = await _refused(
+            c, c.stub.Apply(pb.ApplyRequest(dpus=[newcomer, node])), Code.ALREADY_EXISTS, "dpus[0]."
+        )
+        assert "already registered as DPU 'node' with device id 8" in details, details
+        newcomer = pb.Dpu(
+            name="m",
+            p4runtime_address="127.0.0.1:7",
+            device_id=7,
+            pod="a",
+            role=pb.DPU_ROLE_NODE,
+            node_mac="02:00:00:00:00:08",
+        )
+        details = await _refused(
+            c, c.stub.Apply(pb.ApplyRequest(dpus=[newcomer, node])), Code.ALREADY_EXISTS, "dpus[0].node_mac"
+        )
+        assert "already the node MAC of DPU 'node'" in details, details
 
 
 async def test_dpus_that_leave_unfloored_are_warned_of_once_a_write(db: str, caplog: pytest.LogCaptureFixture) -> None:

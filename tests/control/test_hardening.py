@@ -52,8 +52,10 @@ async def _refused(c: LimiterClient, call: object, code: Code, field: str) -> st
     return details
 
 
-def _dpu(name: str = "d", address: str = "127.0.0.1:1", pod: str = "a", device_id: int = 1) -> pb.Dpu:
-    return pb.Dpu(name=name, p4runtime_address=address, device_id=device_id, pod=pod)
+def _dpu(name: str = "d", address: str = "127.0.0.1:1", pod: str = "a", device_id: int = 1, mac: str = "") -> pb.Dpu:
+    """A DPU of `pod` (a node DPU with node MAC `mac` if given, else a pod uplink)."""
+    role = pb.DPU_ROLE_NODE if mac else pb.DPU_ROLE_UNSPECIFIED
+    return pb.Dpu(name=name, p4runtime_address=address, device_id=device_id, pod=pod, role=role, node_mac=mac)
 
 
 async def test_addresses_in_other_digits_scope_ids_and_bare_dashes_are_refused(db: str) -> None:
@@ -150,16 +152,7 @@ async def test_two_new_dpus_of_one_endpoint_or_mac_blame_the_later_one(db: str) 
         assert len((await c.stub.Apply(pb.ApplyRequest(dpus=dpus))).changes) == 12
         # A stored DPU updated in the same write (listed after the newcomer) keeps what it held: the newcomer is
         # at fault, for its endpoint and for its node MAC (a review: the stored one was blamed by position).
-        await c.register_dpu(
-            pb.Dpu(
-                name="node",
-                p4runtime_address="127.0.0.1:8",
-                device_id=8,
-                pod="a",
-                role=pb.DPU_ROLE_NODE,
-                node_mac="02:00:00:00:00:08",
-            )
-        )
+        await c.register_dpu(_dpu("node", "127.0.0.1:8", device_id=8, mac="02:00:00:00:00:08"))
         stored = (await c.stub.ListDpus(pb.ListDpusRequest())).dpus
         node = next(d for d in stored if d.name == "node")
         node.uplink_port = node.host_port + 5  # an update that keeps its endpoint and MAC
@@ -168,14 +161,7 @@ async def test_two_new_dpus_of_one_endpoint_or_mac_blame_the_later_one(db: str) 
             c, c.stub.Apply(pb.ApplyRequest(dpus=[newcomer, node])), Code.ALREADY_EXISTS, "dpus[0]."
         )
         assert "already registered as DPU 'node' with device id 8" in details, details
-        newcomer = pb.Dpu(
-            name="m",
-            p4runtime_address="127.0.0.1:7",
-            device_id=7,
-            pod="a",
-            role=pb.DPU_ROLE_NODE,
-            node_mac="02:00:00:00:00:08",
-        )
+        newcomer = _dpu("m", "127.0.0.1:7", device_id=7, mac="02:00:00:00:00:08")
         details = await _refused(
             c, c.stub.Apply(pb.ApplyRequest(dpus=[newcomer, node])), Code.ALREADY_EXISTS, "dpus[0].node_mac"
         )

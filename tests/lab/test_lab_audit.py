@@ -3,6 +3,7 @@ the checks that can see it, within one audit interval; a clean run raises no ale
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,8 @@ def test_every_compromise_is_detected_within_an_interval(
     tmp_path: Path, how: str, forge: bool, seen_by: set[str]
 ) -> None:
     event = {"at_s": AT_S, "action": "compromise", "dpu": "dpu-a", "how": how, "forge": forge}
+    # Read-backs are jittered by the random module: seeded, a run does not depend on the tests before it.
+    random.seed(0)
     r = VirtualLabRun(load_scenario(scenario(tmp_path, event)), tmp_path / "out").run()
     audit = r.audit
     assert audit is not None and audit["detected"], audit
@@ -75,8 +78,10 @@ def test_every_compromise_is_detected_within_an_interval(
         else:
             assert not r.cap_held and flow.delivered_bps > 12e6
     else:
-        # The control plane reads the difference back and writes the desired state over it.
-        assert flow.delivered_bps < 10e6
+        # The control plane reads the difference back and writes the desired state over it. A pipeline put back
+        # (at most once a read-back period, then the entries) took 1.0-3.5 s over seeds 0-47 (8.98-11.48 Mbit/s;
+        # CI's test order drew 10.48): within 4 s, where a DPU left as it was would pass 12.9 Mbit/s.
+        assert flow.delivered_bps < (12e6 if how == "load-pipeline" else 10e6)
     assert (tmp_path / "out" / "detection.png").is_file()
 
 

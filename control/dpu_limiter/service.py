@@ -1168,12 +1168,14 @@ class LimiterService:
     async def _followed(self, changes: list[Change], leaving: list[DpuAgent], held: dict[str, Cap | None]) -> None:
         """What a stored write asks of the DPUs this replica holds (the write's own, or another replica's)."""
         dpus = [c for c in changes if c.kind == "dpu"]
-        floored = await self._floor(leaving)
-        for a, done in zip(leaving, floored, strict=True):
+        unfloored = []
+        for a, done in zip(leaving, await self._floor(leaving), strict=True):
             self._hold_growth(
                 a.dpu.pod, self.clock.monotonic() + (0.0 if done else self.lease_s) + _window_s(held[a.dpu.name])
             )
-        if unfloored := [a.dpu.name for a, done in zip(leaving, floored, strict=True) if not done]:
+            if not done:
+                unfloored.append(a.dpu.name)
+        if unfloored:
             # One line a write, not one a DPU (a red team: 148,000 lines in 4 minutes of churn).
             LOG.warning(
                 "%d DPU(s) left without being floored (%s): their pods' DPUs grow after their leases",
